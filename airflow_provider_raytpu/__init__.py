@@ -1,0 +1,1 @@
+"""Airflow provider for Ray on TPU slices."""

@@ -1,0 +1,1 @@
+"""Where Ray clusters live: KubeRay on Kubernetes/GKE, or the local emulator."""

@@ -1,0 +1,1 @@
+"""Hooks: the raytpu connection and the Ray Jobs API."""

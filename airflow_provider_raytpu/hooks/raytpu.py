@@ -1,0 +1,85 @@
+"""The ``raytpu`` connection: which backend holds the clusters, and how to reach it."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID, HOW_TO_CONNECT, ConnectionSettings
+from airflow_provider_raytpu.errors import FatalError
+
+if TYPE_CHECKING:
+    from airflow_provider_raytpu.backends.base import ClusterBackend
+
+
+class ConnectionNotFoundError(FatalError):
+    """The ``raytpu`` connection does not exist."""
+
+
+def backend_for(settings: ConnectionSettings) -> ClusterBackend:
+    """The backend a connection names; imported only now, so DAG parsing stays cheap."""
+    if settings.backend == "local":
+        from airflow_provider_raytpu.backends.local import LocalBackend
+
+        return LocalBackend(settings)
+    from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
+
+    return KubeRayBackend(settings)
+
+
+class RayTpuHook(BaseHook):
+    """Reads a ``raytpu`` connection and hands out the backend it names.
+
+    The connection's extras choose the backend: ``local`` (Ray on this machine with
+    emulated TPU slices), ``kubernetes`` (KubeRay through a cncf-kubernetes
+    connection) or ``gke`` (KubeRay on a GKE cluster through a Google Cloud connection).
+
+    :param raytpu_conn_id: the connection id.
+    """
+
+    conn_name_attr = "raytpu_conn_id"
+    default_conn_name = DEFAULT_CONN_ID
+    conn_type = "raytpu"
+    hook_name = "Ray on TPU"
+
+    def __init__(self, raytpu_conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.raytpu_conn_id = raytpu_conn_id
+
+    def _missing(self) -> ConnectionNotFoundError:
+        return ConnectionNotFoundError(f"No Airflow connection {self.raytpu_conn_id!r}. {HOW_TO_CONNECT}.")
+
+    @cached_property
+    def settings(self) -> ConnectionSettings:
+        try:
+            connection = self.get_connection(self.raytpu_conn_id)
+        except AirflowNotFoundException as exc:
+            raise self._missing() from exc
+        return ConnectionSettings.from_extra(self.raytpu_conn_id, connection.extra_dejson)
+
+    async def asettings(self) -> ConnectionSettings:
+        """:attr:`settings`, read without blocking the event loop (for triggers)."""
+        try:
+            connection = await self.aget_connection(self.raytpu_conn_id)
+        except AirflowNotFoundException as exc:
+            raise self._missing() from exc
+        return ConnectionSettings.from_extra(self.raytpu_conn_id, connection.extra_dejson)
+
+    def get_conn(self) -> ClusterBackend:
+        return self.backend
+
+    @cached_property
+    def backend(self) -> ClusterBackend:
+        return backend_for(self.settings)
+
+    async def abackend(self) -> ClusterBackend:
+        return backend_for(await self.asettings())
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Reach the backend and list its RayClusters; the UI's Test button calls this."""
+        try:
+            return True, self.backend.check()
+        except Exception as exc:
+            return False, f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,1 @@
+"""Pure builders of KubeRay custom resources: plain dicts in, plain dicts out."""

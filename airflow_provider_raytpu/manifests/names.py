@@ -1,0 +1,61 @@
+"""Kubernetes names and label values made from Airflow identifiers."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from airflow_provider_raytpu.errors import InvalidInputError
+
+RAY_CLUSTER_NAME_LIMIT = 53
+RAY_SERVICE_NAME_LIMIT = 47
+LABEL_VALUE_LIMIT = 63
+
+_NAME_RULE = (
+    "a Kubernetes name has lower-case letters, digits and '-', starts and ends with a letter "
+    "or digit, and has at most {limit} characters ('_', '.' and upper case are rewritten for you)"
+)
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def resource_name(value: str, field: str, limit: int = RAY_CLUSTER_NAME_LIMIT) -> str:
+    """Normalise a rendered name into an RFC 1123 label of at most ``limit`` characters.
+
+    Upper case becomes lower case and ``_``/``.``/spaces become ``-`` (DAG ids contain
+    ``_``); a name that is too long keeps its start and gets a hash of the whole, so it
+    stays unique and the same on every retry. Anything else is rejected with the rule.
+
+    :param value: the name as rendered.
+    :param field: the parameter name used in errors.
+    :param limit: the maximum length (KubeRay: 53 for RayCluster, 47 for RayService).
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInputError(field, value, "is empty", "Give a name such as 'nightly-embeddings'")
+    name = re.sub(r"[_.\s]+", "-", value.strip().lower())
+    if bad := sorted(set(re.sub(r"[a-z0-9-]", "", name))):
+        raise InvalidInputError(
+            field,
+            value,
+            f"contains {''.join(bad)!r}, which a Kubernetes name cannot",
+            "Rename it: " + _NAME_RULE.format(limit=limit),
+        )
+    name = name.strip("-")
+    if not name:
+        raise InvalidInputError(field, value, "has no letter or digit", _NAME_RULE.format(limit=limit))
+    if len(name) > limit:
+        name = f"{name[: limit - 9].rstrip('-')}-{_short_hash(value)}"
+    return name
+
+
+def label_value(value: str) -> str:
+    """A label value that carries an Airflow id (run ids contain ``:`` and ``+``).
+
+    The exact id is kept in an annotation; the label is for selection only.
+    """
+    text = re.sub(r"[^A-Za-z0-9_.-]+", "-", value).strip("-_.")
+    if len(text) > LABEL_VALUE_LIMIT:
+        text = f"{text[: LABEL_VALUE_LIMIT - 9].rstrip('-_.')}-{_short_hash(value)}"
+    return text

@@ -1,0 +1,227 @@
+"""The RayCluster custom resource for one TPU worker group shaped by a :class:`TpuSlice`.
+
+Only fields that exist in KubeRay v1.5.0 are rendered, so v1.5 and newer operators
+accept the manifest.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow_provider_raytpu.manifests.merge import merge_fragment
+from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, label_value, resource_name
+from airflow_provider_raytpu.tpu import TPU_RESOURCE, TpuSlice
+
+API_VERSION = "ray.io/v1"
+KEY_PREFIX = "raytpu.dev/"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "airflow-provider-raytpu"
+DAG_ID_KEY = KEY_PREFIX + "dag-id"
+RUN_ID_KEY = KEY_PREFIX + "run-id"
+TASK_ID_KEY = KEY_PREFIX + "task-id"
+TPU_SLICE_ANNOTATION = KEY_PREFIX + "tpu-slice"
+SPEC_HASH_ANNOTATION = KEY_PREFIX + "spec-hash"
+EXPIRES_AT_ANNOTATION = KEY_PREFIX + "expires-at"
+
+DEFAULT_IMAGE = "rayproject/ray:2.60.0-py311-tpu"
+DEFAULT_WORKER_GROUP = "tpu-slices"
+DASHBOARD_PORT = 8265
+SERVE_PORT = 8000
+_HEAD_PORTS = [
+    {"name": "gcs-server", "containerPort": 6379},
+    {"name": "dashboard", "containerPort": DASHBOARD_PORT},
+    {"name": "client", "containerPort": 10001},
+    {"name": "serve", "containerPort": SERVE_PORT},
+]
+
+
+@dataclass(frozen=True)
+class AirflowOrigin:
+    """The Airflow task that made a resource, recorded on it as labels and annotations.
+
+    :param dag_id: the DAG id.
+    :param run_id: the DAG run id.
+    :param task_id: the task id.
+    """
+
+    dag_id: str
+    run_id: str
+    task_id: str
+
+
+def spec_hash(spec: Mapping[str, Any]) -> str:
+    """A stable hash of a rendered spec (server-side defaults make raw comparison useless)."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def format_expiry(when: datetime) -> str:
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_expiry(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+
+
+def _env_list(env: Mapping[str, str] | None) -> list[dict[str, str]]:
+    return [{"name": key, "value": str(value)} for key, value in sorted((env or {}).items())]
+
+
+def _str_map(values: Mapping[str, Any]) -> dict[str, str]:
+    return {key: str(value) for key, value in values.items()}
+
+
+def _head_template(image: str, resources: Mapping[str, Any], env: Mapping[str, str] | None,
+                   service_account: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "ray-head",
+                "image": image,
+                "ports": copy.deepcopy(_HEAD_PORTS),
+                "resources": {"requests": _str_map(resources), "limits": _str_map(resources)},
+                "env": _env_list(env),
+            }
+        ],
+    }
+    if service_account:
+        spec["serviceAccountName"] = service_account
+    return {"spec": spec}
+
+
+def _worker_template(tpu: TpuSlice, image: str, resources: Mapping[str, Any],
+                     env: Mapping[str, str] | None, service_account: str | None) -> dict[str, Any]:
+    limits = {**_str_map(resources), TPU_RESOURCE: str(tpu.host_chips)}
+    tolerations = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    if tpu.spot:
+        tolerations.append(
+            {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+        )
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "ray-worker",
+                "image": image,
+                "resources": {"requests": dict(limits), "limits": limits},
+                "env": _env_list(env),
+            }
+        ],
+        "nodeSelector": tpu.node_selector,
+        "tolerations": tolerations,
+    }
+    if service_account:
+        spec["serviceAccountName"] = service_account
+    return {"spec": spec}
+
+
+def build_ray_cluster(
+    *,
+    name: str,
+    namespace: str,
+    tpu: TpuSlice,
+    image: str = DEFAULT_IMAGE,
+    ray_version: str | None = None,
+    head_resources: Mapping[str, Any] | None = None,
+    worker_resources: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    head_ray_start_params: Mapping[str, Any] | None = None,
+    worker_ray_start_params: Mapping[str, Any] | None = None,
+    service_account_name: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    origin: AirflowOrigin | None = None,
+    expires_at: datetime | None = None,
+    head_pod_template: Mapping[str, Any] | None = None,
+    worker_pod_template: Mapping[str, Any] | None = None,
+    worker_group_name: str = DEFAULT_WORKER_GROUP,
+) -> dict[str, Any]:
+    """Render a ray.io/v1 RayCluster: a CPU head and one TPU worker group of whole slices.
+
+    The worker group has ``replicas = minReplicas = maxReplicas = num_slices`` and
+    ``numOfHosts = hosts per slice``; each host pod asks for all of its host's chips
+    and selects the slice's GKE node pool. The :class:`TpuSlice` and a hash of the
+    spec are recorded as annotations (later tasks read the shape from the cluster;
+    create compares the hash to decide between adopt and conflict).
+
+    :param name: the cluster name; normalised to an RFC 1123 label of at most 53 characters.
+    :param namespace: the Kubernetes namespace.
+    :param tpu: the slice shape of the worker group.
+    :param image: the Ray image for head and workers (a ``-tpu`` image on GKE).
+    :param ray_version: ``spec.rayVersion``; taken from the image tag when omitted.
+    :param head_resources: cpu/memory of the head container (requests = limits).
+    :param worker_resources: cpu/memory of each host container; ``google.com/tpu`` is added.
+    :param env: environment variables for every Ray container.
+    :param head_ray_start_params: extra ``ray start`` flags for the head.
+    :param worker_ray_start_params: extra ``ray start`` flags for the TPU hosts.
+    :param service_account_name: the pods' service account (Workload Identity reaches GCS).
+    :param labels: extra labels on the RayCluster.
+    :param annotations: extra annotations on the RayCluster.
+    :param origin: the Airflow task creating it, recorded as labels and annotations.
+    :param expires_at: when :class:`DeleteExpiredRayClustersOperator` may delete it.
+    :param head_pod_template: a fragment merged over the head pod template.
+    :param worker_pod_template: a fragment merged over the TPU host pod template.
+    :param worker_group_name: the worker group's name.
+    """
+    name = resource_name(name, "cluster_name", RAY_CLUSTER_NAME_LIMIT)
+    head_template = merge_fragment(
+        _head_template(image, head_resources or {"cpu": "2", "memory": "8Gi"}, env, service_account_name),
+        dict(head_pod_template or {}),
+    )
+    worker_template = merge_fragment(
+        _worker_template(tpu, image, worker_resources or {"cpu": "8", "memory": "32Gi"}, env, service_account_name),
+        dict(worker_pod_template or {}),
+    )
+    spec: dict[str, Any] = {
+        "enableInTreeAutoscaling": False,
+        "headGroupSpec": {
+            "rayStartParams": _str_map({"dashboard-host": "0.0.0.0", **(head_ray_start_params or {})}),
+            "template": head_template,
+        },
+        "workerGroupSpecs": [
+            {
+                "groupName": worker_group_name,
+                "replicas": tpu.num_slices,
+                "minReplicas": tpu.num_slices,
+                "maxReplicas": tpu.num_slices,
+                "numOfHosts": tpu.hosts_per_slice,
+                "rayStartParams": _str_map(worker_ray_start_params or {}),
+                "template": worker_template,
+            }
+        ],
+    }
+    if version := ray_version or _ray_version_of(image):
+        spec["rayVersion"] = version
+    all_labels = {MANAGED_BY_LABEL: MANAGED_BY, **(labels or {})}
+    all_annotations = {**(annotations or {}), TPU_SLICE_ANNOTATION: json.dumps(tpu.to_dict(), sort_keys=True)}
+    if origin:
+        all_labels.update({DAG_ID_KEY: label_value(origin.dag_id), TASK_ID_KEY: label_value(origin.task_id),
+                           RUN_ID_KEY: label_value(origin.run_id)})
+        all_annotations.update({DAG_ID_KEY: origin.dag_id, TASK_ID_KEY: origin.task_id, RUN_ID_KEY: origin.run_id})
+    if expires_at:
+        all_annotations[EXPIRES_AT_ANNOTATION] = format_expiry(expires_at)
+    all_annotations[SPEC_HASH_ANNOTATION] = spec_hash(spec)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "RayCluster",
+        "metadata": {"name": name, "namespace": namespace, "labels": all_labels, "annotations": all_annotations},
+        "spec": spec,
+    }
+
+
+def _ray_version_of(image: str) -> str:
+    """``rayproject/ray:2.60.0-py311-tpu`` -> ``2.60.0``; images without a version tag give ``""``."""
+    tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
+    version = tag.split("-", 1)[0]
+    return version if version[:1].isdigit() else ""
+
+
+def tpu_slice_of(cluster: Mapping[str, Any]) -> TpuSlice | None:
+    """The slice shape recorded on a RayCluster (or a RayService's cluster), if any."""
+    text = (cluster.get("metadata", {}).get("annotations") or {}).get(TPU_SLICE_ANNOTATION)
+    return TpuSlice.from_dict(json.loads(text)) if text else None

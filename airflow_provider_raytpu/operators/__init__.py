@@ -1,0 +1,1 @@
+"""Operators a DAG author writes."""

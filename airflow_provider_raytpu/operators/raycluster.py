@@ -1,0 +1,266 @@
+"""Create and delete topology-aware RayClusters on TPU slices."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
+from airflow_provider_raytpu.manifests.names import resource_name
+from airflow_provider_raytpu.manifests.raycluster import (
+    DEFAULT_IMAGE,
+    EXPIRES_AT_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    build_ray_cluster,
+    parse_expiry,
+)
+from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast, origin_of
+from airflow_provider_raytpu.tpu import TpuSlice, parse_bool
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+SLICE_FIELDS = ("accelerator", "topology", "num_slices", "spot", "chips_per_host")
+
+
+def default_cluster_name(context: Context) -> str:
+    """One cluster per DAG run: the DAG id and a hash of the run id, the same on every retry."""
+    ti = context["ti"]
+    return resource_name(f"{ti.dag_id}-{ti.run_id}", "cluster_name")
+
+
+class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
+    """Create a RayCluster whose TPU worker group is ``num_slices`` whole slices of one shape.
+
+    Declare the slice shape, never a chip count: hosts per slice, chips per host, the
+    GKE node pool selector and Ray's TPU resources all follow from it. Slice fields are
+    templated, so a UI trigger's params can choose the shape; they are parsed strictly
+    and checked before any API call. A retry adopts the cluster its first try made
+    (same spec hash); a different cluster of the same name is an error unless
+    ``update_if_exists``. Returns the cluster reference
+    ``{"cluster_name", "namespace", "conn_id", "tpu", "dashboard_url"}``.
+
+    :param accelerator: TPU generation, e.g. ``"v6e"``.
+    :param topology: slice shape, e.g. ``"4x4"``.
+    :param num_slices: number of identical slices.
+    :param spot: use spot (preemptible) TPU capacity.
+    :param chips_per_host: chips per host where the generation offers a choice.
+    :param cluster_name: the RayCluster's name; default: the DAG id and a hash of the run id.
+    :param namespace: the namespace; default: the connection's.
+    :param raytpu_conn_id: the ``raytpu`` connection.
+    :param image: the Ray image (a ``-tpu`` image on GKE).
+    :param ray_version: ``spec.rayVersion``; default: from the image tag.
+    :param head_resources: cpu/memory of the head container.
+    :param worker_resources: cpu/memory of each TPU host container.
+    :param env: environment variables for every Ray container.
+    :param head_ray_start_params: extra ``ray start`` flags for the head.
+    :param worker_ray_start_params: extra ``ray start`` flags for the TPU hosts.
+    :param service_account_name: the pods' Kubernetes service account (Workload Identity).
+    :param labels: extra labels on the RayCluster.
+    :param annotations: extra annotations on the RayCluster.
+    :param head_pod_template: a pod-template fragment merged over the head's.
+    :param worker_pod_template: a pod-template fragment merged over each TPU host's.
+    :param max_lifetime: after this, :class:`DeleteExpiredRayClustersOperator` deletes the cluster.
+    :param update_if_exists: update a same-named cluster whose spec differs instead of failing.
+    """
+
+    template_fields: Sequence[str] = (
+        *SLICE_FIELDS,
+        "cluster_name",
+        "namespace",
+        "raytpu_conn_id",
+        "image",
+        "env",
+        "labels",
+        "annotations",
+        "service_account_name",
+        "head_pod_template",
+        "worker_pod_template",
+        "update_if_exists",
+    )
+    ui_color = "#e8f0fe"
+
+    def __init__(
+        self,
+        *,
+        accelerator: str,
+        topology: str,
+        num_slices: int | str = 1,
+        spot: bool | str = False,
+        chips_per_host: int | str | None = None,
+        cluster_name: str | None = None,
+        namespace: str | None = None,
+        raytpu_conn_id: str = DEFAULT_CONN_ID,
+        image: str = DEFAULT_IMAGE,
+        ray_version: str | None = None,
+        head_resources: Mapping[str, Any] | None = None,
+        worker_resources: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        head_ray_start_params: Mapping[str, Any] | None = None,
+        worker_ray_start_params: Mapping[str, Any] | None = None,
+        service_account_name: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        head_pod_template: Mapping[str, Any] | None = None,
+        worker_pod_template: Mapping[str, Any] | None = None,
+        max_lifetime: timedelta = timedelta(hours=24),
+        update_if_exists: bool | str = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.accelerator = accelerator
+        self.topology = topology
+        self.num_slices = num_slices
+        self.spot = spot
+        self.chips_per_host = chips_per_host
+        self.cluster_name = cluster_name
+        self.namespace = namespace
+        self.raytpu_conn_id = raytpu_conn_id
+        self.image = image
+        self.ray_version = ray_version
+        self.head_resources = head_resources
+        self.worker_resources = worker_resources
+        self.env = env
+        self.head_ray_start_params = head_ray_start_params
+        self.worker_ray_start_params = worker_ray_start_params
+        self.service_account_name = service_account_name
+        self.labels = labels
+        self.annotations = annotations
+        self.head_pod_template = head_pod_template
+        self.worker_pod_template = worker_pod_template
+        self.max_lifetime = max_lifetime
+        self.update_if_exists = update_if_exists
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        with fail_fast():
+            tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host)
+            update_if_exists = parse_bool(self.update_if_exists, "update_if_exists")
+            name = resource_name(self.cluster_name or default_cluster_name(context), "cluster_name")
+            namespace = self.resolved_namespace()
+            manifest = build_ray_cluster(
+                name=name,
+                namespace=namespace,
+                tpu=tpu,
+                image=self.image,
+                ray_version=self.ray_version,
+                head_resources=self.head_resources,
+                worker_resources=self.worker_resources,
+                env=self.env,
+                head_ray_start_params=self.head_ray_start_params,
+                worker_ray_start_params=self.worker_ray_start_params,
+                service_account_name=self.service_account_name,
+                labels=self.labels,
+                annotations=self.annotations,
+                origin=origin_of(context),
+                expires_at=datetime.now(timezone.utc) + self.max_lifetime,
+                head_pod_template=self.head_pod_template,
+                worker_pod_template=self.worker_pod_template,
+            )
+            self.log.info("RayCluster %s/%s: %s", namespace, name, tpu.describe())
+            result = self.backend.apply_cluster(manifest, update_if_exists=update_if_exists)
+        self.log.info("RayCluster %s/%s %s", namespace, name, result.action.value)
+        return self.cluster_reference(name, namespace, tpu.to_dict())
+
+
+class DeleteRayClusterOperator(ClusterTaskMixin, BaseOperator):
+    """Delete a RayCluster; succeeds when it is already gone. Use it as a teardown task.
+
+    ``delete.as_teardown(setups=create)`` runs it whatever happened upstream, so TPU
+    slices are released even when training failed.
+
+    :param cluster_name: the RayCluster's name.
+    :param namespace: the namespace; default: the connection's.
+    :param raytpu_conn_id: the ``raytpu`` connection.
+    :param wait_for_deletion: wait until the RayCluster object is gone.
+    :param deletion_timeout: seconds to wait for that.
+    :param poll_interval: seconds between checks while waiting.
+    """
+
+    template_fields: Sequence[str] = ("cluster_name", "namespace", "raytpu_conn_id")
+    ui_color = "#fde8e8"
+
+    def __init__(
+        self,
+        *,
+        cluster_name: str,
+        namespace: str | None = None,
+        raytpu_conn_id: str = DEFAULT_CONN_ID,
+        wait_for_deletion: bool = False,
+        deletion_timeout: float = 600,
+        poll_interval: float = 2,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.cluster_name = cluster_name
+        self.namespace = namespace
+        self.raytpu_conn_id = raytpu_conn_id
+        self.wait_for_deletion = wait_for_deletion
+        self.deletion_timeout = deletion_timeout
+        self.poll_interval = poll_interval
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        with fail_fast():
+            name = resource_name(self.cluster_name, "cluster_name")
+            namespace = self.resolved_namespace()
+            deleted = self.backend.delete_cluster(name, namespace)
+            self.log.info("RayCluster %s/%s %s", namespace, name, "deleted" if deleted else "was already gone")
+            if self.wait_for_deletion:
+                deadline = time.monotonic() + self.deletion_timeout
+                while self.backend.get_cluster(name, namespace) is not None:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"RayCluster {namespace}/{name} still exists {self.deletion_timeout:.0f} s after delete; "
+                            "check for stuck finalizers with kubectl get raycluster -o yaml"
+                        )
+                    time.sleep(self.poll_interval)
+        return {"cluster_name": name, "namespace": namespace, "deleted": deleted}
+
+
+class DeleteExpiredRayClustersOperator(ClusterTaskMixin, BaseOperator):
+    """Delete RayClusters this provider made whose expiry has passed.
+
+    The safety net for TPU hours: a DAG that dies before its teardown leaves a cluster
+    behind; schedule this hourly and it goes once its ``max_lifetime`` is over.
+
+    :param namespace: where to look; default: the connection's namespace.
+    :param all_namespaces: look in every namespace instead.
+    :param raytpu_conn_id: the ``raytpu`` connection.
+    :param dry_run: only report what would be deleted.
+    """
+
+    template_fields: Sequence[str] = ("namespace", "raytpu_conn_id")
+
+    def __init__(
+        self,
+        *,
+        namespace: str | None = None,
+        all_namespaces: bool = False,
+        raytpu_conn_id: str = DEFAULT_CONN_ID,
+        dry_run: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.namespace = namespace
+        self.all_namespaces = all_namespaces
+        self.raytpu_conn_id = raytpu_conn_id
+        self.dry_run = dry_run
+
+    def execute(self, context: Context) -> list[str]:
+        now = datetime.now(timezone.utc)
+        expired = []
+        with fail_fast():
+            scope = None if self.all_namespaces else self.resolved_namespace()
+            for cluster in self.backend.list_clusters(scope, f"{MANAGED_BY_LABEL}={MANAGED_BY}"):
+                metadata = cluster["metadata"]
+                expiry = (metadata.get("annotations") or {}).get(EXPIRES_AT_ANNOTATION)
+                if not expiry or parse_expiry(expiry) > now:
+                    continue
+                expired.append(f"{metadata['namespace']}/{metadata['name']}")
+                self.log.info("RayCluster %s expired at %s%s", expired[-1], expiry, " (dry run)" if self.dry_run else "")
+                if not self.dry_run:
+                    self.backend.delete_cluster(metadata["name"], metadata["namespace"])
+        return expired

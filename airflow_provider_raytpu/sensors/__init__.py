@@ -1,0 +1,1 @@
+"""Sensors that wait for Ray clusters and services."""

@@ -1,0 +1,121 @@
+"""Wait until every host of every slice of a RayCluster is ready."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
+from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
+from airflow_provider_raytpu.manifests.names import resource_name
+from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast
+from airflow_provider_raytpu.status import ClusterStatus, Phase
+from airflow_provider_raytpu.triggers.raycluster import RayClusterReadyTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
+    """Succeed when the RayCluster's head and every TPU host of every slice are ready.
+
+    Deferrable by default: the triggerer watches the RayCluster (no polling) and the
+    worker slot is free meanwhile. KubeRay's ``state: ready`` is not trusted (it is never
+    reset); readiness is the head's condition plus ready hosts = slices x hosts per slice.
+    Fails at once when KubeRay reports a replica failure or the cluster disappears. At
+    ``timeout`` it fails with a diagnosis: which hosts are not ready and, where readable,
+    the scheduler's reason for each pending pod. Returns the cluster's status.
+
+    :param cluster_name: the RayCluster's name.
+    :param namespace: the namespace; default: the connection's.
+    :param raytpu_conn_id: the ``raytpu`` connection.
+    :param deferrable: wait in the triggerer instead of a worker slot.
+    :param poll_interval: seconds between checks when not deferred, or when watching fails.
+    :param timeout: seconds to wait before failing with a diagnosis.
+    """
+
+    template_fields: Sequence[str] = ("cluster_name", "namespace", "raytpu_conn_id")
+    ui_color = "#e6f4ea"
+
+    def __init__(
+        self,
+        *,
+        cluster_name: str,
+        namespace: str | None = None,
+        raytpu_conn_id: str = DEFAULT_CONN_ID,
+        deferrable: bool = True,
+        poll_interval: float = 10.0,
+        timeout: float = 3600.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(poke_interval=poll_interval, timeout=timeout, **kwargs)
+        self.cluster_name = cluster_name
+        self.namespace = namespace
+        self.raytpu_conn_id = raytpu_conn_id
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+
+    def _target(self) -> tuple[str, str]:
+        with fail_fast():
+            return resource_name(self.cluster_name, "cluster_name"), self.resolved_namespace()
+
+    def _finish(self, status: ClusterStatus, name: str, namespace: str) -> dict[str, Any] | None:
+        if status.phase is Phase.READY:
+            self.log.info("RayCluster %s/%s is ready: %s", namespace, name, status.message)
+            return status.to_dict()
+        if status.phase is Phase.FAILED:
+            raise AirflowFailException(f"RayCluster {namespace}/{name} failed: {status.message}")
+        if status.phase is Phase.GONE:
+            raise AirflowException(f"RayCluster {namespace}/{name} is gone: {status.message}")
+        return None
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        name, namespace = self._target()
+        with fail_fast():
+            status = self.backend.cluster_status(name, namespace)
+        done = self._finish(status, name, namespace)
+        if done is None:
+            self.log.info("RayCluster %s/%s: %s", namespace, name, status.message)
+        return PokeReturnValue(is_done=done is not None, xcom_value=done)
+
+    def execute(self, context: Context) -> dict[str, Any] | None:
+        name, namespace = self._target()
+        if not self.deferrable:
+            try:
+                return super().execute(context)
+            except AirflowSensorTimeout:
+                raise AirflowSensorTimeout(self._timed_out(name, namespace, self.backend.diagnose(name, namespace)))
+        first = self.poke(context)
+        if first.is_done:
+            return first.xcom_value
+        self.log.info("RayCluster %s/%s not ready yet; deferring", namespace, name)
+        self.defer(
+            trigger=RayClusterReadyTrigger(
+                cluster_name=name,
+                namespace=namespace,
+                raytpu_conn_id=self.raytpu_conn_id,
+                deadline=time.time() + self.timeout,
+                poll_interval=self.poll_interval,
+            ),
+            method_name="execute_complete",
+            # The trigger fires its own timeout with a diagnosis first; this is only a backstop.
+            timeout=timedelta(seconds=self.timeout + 120),
+        )
+        return None
+
+    def _timed_out(self, name: str, namespace: str, diagnosis: str) -> str:
+        return f"RayCluster {namespace}/{name} not ready after {self.timeout:.0f} s.\n{diagnosis}"
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        name, namespace = event["cluster_name"], event["namespace"]
+        if event["status"] == "TIMEOUT":
+            raise AirflowSensorTimeout(self._timed_out(name, namespace, event["diagnosis"]))
+        if event["status"] == "ERROR":
+            raise AirflowFailException(event["message"])
+        done = self._finish(ClusterStatus.from_dict(event["cluster"]), name, namespace)
+        if done is None:
+            raise AirflowException(f"Unexpected event for RayCluster {namespace}/{name}: {event}")
+        return done

@@ -1,0 +1,376 @@
+"""The TPU slice shape, and everything derived from it.
+
+A user declares a generation and a topology ("v6e", "4x4"); hosts, chips, GKE node
+labels, Ray resources and pod types all follow from that here and nowhere else.
+The rules are Ray's (``ray._private.accelerators.tpu``), restated without importing
+Ray so that DAG parsing stays cheap; a test holds the two in agreement.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from airflow_provider_raytpu.errors import InvalidInputError
+
+CHIPS_PER_HOST = 4
+GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+GKE_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
+TPU_RESOURCE = "google.com/tpu"
+
+# v5e/v6e topologies that fit on one host of up to 8 chips.
+_SINGLE_HOST_TOPOLOGIES = ("1x1", "2x2", "2x4")
+
+
+def _larger_3d_topologies(max_x: int, max_y: int, max_z: int) -> frozenset[str]:
+    step = CHIPS_PER_HOST
+    return frozenset(
+        f"{x}x{y}x{z}"
+        for x in range(step, max_x + 1, step)
+        for y in range(step, max_y + 1, step)
+        for z in range(step, max_z + 1, step)
+    )
+
+
+_SMALL_3D = frozenset({"2x2x1", "2x2x2", "2x2x4", "2x4x4"})
+_LITE_2D = frozenset({"1x1", "2x2", "2x4", "2x8", "4x4", "4x8", "8x8", "8x16", "16x16"})
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One TPU generation as GKE and Ray name it.
+
+    :param name: the name users write, e.g. ``v5e``.
+    :param ray_version: Ray's spelling, used in pod types (``v5litepod``).
+    :param gke_accelerator: the ``cloud.google.com/gke-tpu-accelerator`` node label.
+    :param cores_per_chip: TensorCores per chip; pod types count cores.
+    :param topologies: the slice shapes GKE offers and Ray accepts.
+    """
+
+    name: str
+    ray_version: str
+    gke_accelerator: str
+    cores_per_chip: int
+    topologies: frozenset[str]
+
+    @property
+    def dimensions(self) -> int:
+        return len(next(iter(self.topologies)).split("x"))
+
+    @property
+    def packs_eight_chips(self) -> bool:
+        """v5e and v6e put up to 8 chips on a single host."""
+        return self.cores_per_chip == 1
+
+
+GENERATIONS: dict[str, Generation] = {
+    g.name: g
+    for g in (
+        Generation("v4", "v4", "tpu-v4-podslice", 2, _SMALL_3D | _larger_3d_topologies(12, 12, 16)),
+        Generation("v5e", "v5litepod", "tpu-v5-lite-podslice", 1, _LITE_2D),
+        Generation("v5p", "v5p", "tpu-v5p-slice", 2, _SMALL_3D | _larger_3d_topologies(16, 16, 24)),
+        Generation("v6e", "v6e", "tpu-v6e-slice", 1, _LITE_2D),
+        Generation(
+            "v7x",
+            "v7x",
+            "tpu7x",
+            2,
+            _SMALL_3D | frozenset({"4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16"}),
+        ),
+    )
+}
+
+_ALIASES = {
+    "v5litepod": "v5e",
+    "v5lite": "v5e",
+    "v5-lite": "v5e",
+    "v5-litepod": "v5e",
+}
+_GKE_LABEL_TO_GENERATION = {g.gke_accelerator: g.name for g in GENERATIONS.values()}
+_POD_TYPE = re.compile(r"^(?:tpu-?)?(v\d+[a-z]*)-(\d+)$")
+_SHAPE = re.compile(r"^\d+(?:x\d+){1,2}$")
+
+
+def parse_generation(value: Any, field: str = "accelerator") -> Generation:
+    """Read a generation as users write it: ``v6e``, ``TPU-V6E``, ``v5litepod``.
+
+    :param value: the accelerator as given.
+    :param field: the parameter name used in errors.
+    """
+    supported = ", ".join(GENERATIONS)
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInputError(field, value, "is not a TPU generation", f"Write one of: {supported}")
+    text = value.strip().lower()
+    if text in _GKE_LABEL_TO_GENERATION:
+        name = _GKE_LABEL_TO_GENERATION[text]
+        raise InvalidInputError(
+            field,
+            value,
+            f"is the GKE node label {GKE_ACCELERATOR_LABEL}, not a generation",
+            f"Write accelerator={name!r}; the node label is derived from it",
+        )
+    if pod_type := _POD_TYPE.match(text):
+        name = _ALIASES.get(pod_type.group(1), pod_type.group(1))
+        raise InvalidInputError(
+            field,
+            value,
+            "is a pod type (generation-cores), not a generation",
+            f"Write accelerator={name!r} and give the slice shape as topology, e.g. topology='4x4'",
+        )
+    name = re.sub(r"^tpu-?", "", text)
+    name = _ALIASES.get(name, name)
+    if name not in GENERATIONS:
+        raise InvalidInputError(
+            field, value, "is not a TPU generation offered on GKE", f"Write one of: {supported}"
+        )
+    return GENERATIONS[name]
+
+
+def _chip_count(topology: str) -> int:
+    return math.prod(_dims(topology))
+
+
+def _dims(topology: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in topology.split("x"))
+
+
+def valid_topologies(generation: Generation) -> list[str]:
+    """The generation's slice shapes, smallest first, one spelling per set of dimensions."""
+    spellings: dict[tuple[int, ...], str] = {}
+    for topology in generation.topologies:
+        key = tuple(sorted(_dims(topology)))
+        if key not in spellings or _dims(topology) < _dims(spellings[key]):
+            spellings[key] = topology
+    return sorted(spellings.values(), key=lambda t: (_chip_count(t), _dims(t)))
+
+
+def parse_topology(value: Any, generation: Generation, field: str = "topology") -> str:
+    """Check a slice shape against the generation and return it normalised (``"4x4"``).
+
+    :param value: the topology as given.
+    :param generation: the parsed generation.
+    :param field: the parameter name used in errors.
+    """
+    text = str(value).strip().lower() if isinstance(value, (str, int)) else ""
+    example = "'4x4'" if generation.dimensions == 2 else "'2x2x2'"
+    if text.isdigit():
+        shapes = [t for t in valid_topologies(generation) if _chip_count(t) == int(text)]
+        hint = (
+            f"{text} chips of {generation.name} is topology {' or '.join(repr(s) for s in shapes)}"
+            if shapes
+            else f"valid {generation.name} shapes: {', '.join(valid_topologies(generation))}"
+        )
+        raise InvalidInputError(
+            field,
+            value,
+            f"topology is a slice shape such as {example}, not a chip count",
+            f"Write the shape instead: {hint}",
+        )
+    if not _SHAPE.match(text):
+        raise InvalidInputError(
+            field,
+            value,
+            "is not a slice shape",
+            f"Write 2 or 3 positive whole numbers joined by 'x', such as {example}",
+        )
+    if any(int(d) == 0 for d in text.split("x")):
+        raise InvalidInputError(
+            field, value, "has a zero dimension", f"Every dimension is at least 1, such as {example}"
+        )
+    if len(text.split("x")) != generation.dimensions:
+        raise InvalidInputError(
+            field,
+            value,
+            f"{generation.name} slices have {generation.dimensions} dimensions",
+            f"Write a {generation.dimensions}-dimensional shape such as {example}",
+        )
+    if text not in generation.topologies:
+        raise InvalidInputError(
+            field,
+            value,
+            f"is not a {generation.name} slice shape",
+            f"Valid {generation.name} topologies: {', '.join(valid_topologies(generation))}",
+        )
+    return text
+
+
+def parse_int(value: Any, field: str, *, minimum: int = 1, example: int = 2) -> int:
+    """Read a whole number strictly: ``2`` or ``"2"``, never ``2.5``, ``"two"`` or ``True``."""
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        number = int(value)
+    else:
+        number = None
+    if number is None:
+        raise InvalidInputError(field, value, "is not a whole number", f"Write a number such as {example}")
+    if number < minimum:
+        raise InvalidInputError(field, value, f"must be at least {minimum}", f"Write a number such as {example}")
+    return number
+
+
+def parse_optional_int(value: Any, field: str, *, example: int) -> int | None:
+    """Like :func:`parse_int`, but ``None`` (or a template that rendered ``"None"`` or ``""``) stays unset."""
+    if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
+        return None
+    return parse_int(value, field, example=example)
+
+
+def parse_bool(value: Any, field: str) -> bool:
+    """Read a flag strictly: ``True``/``False`` or the strings ``"true"``/``"false"`` (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise InvalidInputError(field, value, "is not true or false", "Write true or false")
+
+
+def _allowed_chips_per_host(generation: Generation, topology: str) -> tuple[int, ...]:
+    chips = _chip_count(topology)
+    if generation.packs_eight_chips and topology in _SINGLE_HOST_TOPOLOGIES:
+        if chips == 1:
+            return (1,)
+        return tuple(c for c in (CHIPS_PER_HOST, 8) if c <= chips and chips % c == 0)
+    return (min(CHIPS_PER_HOST, chips),)
+
+
+@dataclass(frozen=True)
+class TpuSlice:
+    """A TPU slice shape: generation, topology and how many such slices.
+
+    Immutable and pure. Inputs are parsed strictly (strings from rendered templates
+    included) and checked against the generation, so an invalid shape fails before
+    anything is created.
+
+    :param accelerator: the TPU generation, e.g. ``"v6e"`` (also ``"TPU-V6E"``,
+        ``"v5litepod"``); never a GKE label or a chip count.
+    :param topology: the slice shape, e.g. ``"4x4"`` or ``"2x2x2"``.
+    :param num_slices: how many identical slices (multislice), at least 1.
+    :param spot: run on spot (preemptible) capacity.
+    :param chips_per_host: chips per host when the generation offers a choice
+        (v5e/v6e ``2x4`` is one 8-chip host by default, or two 4-chip hosts with 4).
+    """
+
+    accelerator: str
+    topology: str
+    num_slices: int = 1
+    spot: bool = False
+    chips_per_host: int | None = None
+
+    def __post_init__(self) -> None:
+        generation = parse_generation(self.accelerator)
+        topology = parse_topology(self.topology, generation)
+        num_slices = parse_int(self.num_slices, "num_slices")
+        spot = parse_bool(self.spot, "spot")
+        chips_per_host = parse_optional_int(self.chips_per_host, "chips_per_host", example=4)
+        allowed = _allowed_chips_per_host(generation, topology)
+        if chips_per_host is not None and chips_per_host not in allowed:
+            raise InvalidInputError(
+                "chips_per_host",
+                self.chips_per_host,
+                f"a {generation.name} {topology} slice cannot have {chips_per_host} chips per host",
+                f"Write one of {', '.join(map(str, allowed))}, or leave it unset",
+            )
+        object.__setattr__(self, "accelerator", generation.name)
+        object.__setattr__(self, "topology", topology)
+        object.__setattr__(self, "num_slices", num_slices)
+        object.__setattr__(self, "spot", spot)
+        object.__setattr__(self, "chips_per_host", chips_per_host)
+
+    @cached_property
+    def generation(self) -> Generation:
+        return GENERATIONS[self.accelerator]
+
+    @property
+    def chips_per_slice(self) -> int:
+        return _chip_count(self.topology)
+
+    @property
+    def total_chips(self) -> int:
+        return self.chips_per_slice * self.num_slices
+
+    @property
+    def host_chips(self) -> int:
+        """Chips on each host: Ray's rule unless ``chips_per_host`` chose otherwise."""
+        if self.chips_per_host is not None:
+            return self.chips_per_host
+        if self.generation.packs_eight_chips and self.topology in _SINGLE_HOST_TOPOLOGIES:
+            return self.chips_per_slice
+        return CHIPS_PER_HOST
+
+    @property
+    def hosts_per_slice(self) -> int:
+        return max(1, self.chips_per_slice // self.host_chips)
+
+    @property
+    def total_hosts(self) -> int:
+        return self.hosts_per_slice * self.num_slices
+
+    @property
+    def is_multi_host(self) -> bool:
+        return self.hosts_per_slice > 1
+
+    @property
+    def pod_type(self) -> str:
+        """The GCP accelerator type Ray uses, counting TensorCores: ``v6e-16``, ``v4-16``."""
+        return f"{self.generation.ray_version}-{self.chips_per_slice * self.generation.cores_per_chip}"
+
+    @property
+    def ray_accelerator_type(self) -> str:
+        """Ray's accelerator type resource, e.g. ``TPU-V6E``."""
+        return f"TPU-{self.generation.ray_version.upper()}"
+
+    @property
+    def head_resource(self) -> str:
+        """The Ray resource on host 0 of each slice, e.g. ``TPU-v6e-16-head``."""
+        return f"TPU-{self.pod_type}-head"
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        """GKE node labels a TPU host pod must land on."""
+        selector = {
+            GKE_ACCELERATOR_LABEL: self.generation.gke_accelerator,
+            GKE_TOPOLOGY_LABEL: self.topology,
+        }
+        if self.spot:
+            selector[GKE_SPOT_LABEL] = "true"
+        return selector
+
+    def describe(self) -> str:
+        """One line for logs: ``v6e 4x4 x 2 slices (4 hosts x 4 chips each, 32 chips)``."""
+        slices = "1 slice" if self.num_slices == 1 else f"{self.num_slices} slices"
+        spot = ", spot" if self.spot else ""
+        return (
+            f"{self.accelerator} {self.topology} x {slices} "
+            f"({self.hosts_per_slice} hosts x {self.host_chips} chips each, {self.total_chips} chips{spot})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "accelerator": self.accelerator,
+            "topology": self.topology,
+            "num_slices": self.num_slices,
+            "spot": self.spot,
+            "chips_per_host": self.chips_per_host,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TpuSlice:
+        """Rebuild a slice from :meth:`to_dict` output, rejecting unknown keys."""
+        if not isinstance(data, dict):
+            raise InvalidInputError("tpu", data, "is not a slice description", "Pass TpuSlice.to_dict() output")
+        known = {"accelerator", "topology", "num_slices", "spot", "chips_per_host"}
+        if unknown := sorted(set(data) - known):
+            raise InvalidInputError(
+                "tpu", data, f"has unknown keys {unknown}", f"Use only {sorted(known)}"
+            )
+        missing = sorted({"accelerator", "topology"} - set(data))
+        if missing:
+            raise InvalidInputError("tpu", data, f"lacks {missing}", "Give accelerator and topology")
+        return cls(**data)

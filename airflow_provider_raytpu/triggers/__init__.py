@@ -1,0 +1,1 @@
+"""Triggers: async waits that run in the triggerer."""

@@ -1,0 +1,77 @@
+"""Wait in the triggerer until a RayCluster is ready, failed or gone."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow_provider_raytpu.errors import FatalError
+from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
+
+
+class RayClusterReadyTrigger(BaseTrigger):
+    """Watch one RayCluster and fire when it is READY, FAILED or GONE, or at the deadline.
+
+    The trigger keeps its own deadline (an Airflow defer timeout would end it without a
+    word): at the deadline it fires a ``timeout`` event carrying a diagnosis of the
+    hosts that are not ready and, where readable, why their pods are pending.
+
+    :param cluster_name: the RayCluster's name.
+    :param namespace: its namespace.
+    :param raytpu_conn_id: the ``raytpu`` connection.
+    :param deadline: when to give up, as a Unix timestamp.
+    :param poll_interval: seconds between reads when watching is not possible.
+    """
+
+    def __init__(
+        self,
+        cluster_name: str,
+        namespace: str,
+        raytpu_conn_id: str,
+        deadline: float,
+        poll_interval: float = 10.0,
+    ) -> None:
+        super().__init__()
+        self.cluster_name = cluster_name
+        self.namespace = namespace
+        self.raytpu_conn_id = raytpu_conn_id
+        self.deadline = deadline
+        self.poll_interval = poll_interval
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "cluster_name": self.cluster_name,
+                "namespace": self.namespace,
+                "raytpu_conn_id": self.raytpu_conn_id,
+                "deadline": self.deadline,
+                "poll_interval": self.poll_interval,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        where = {"cluster_name": self.cluster_name, "namespace": self.namespace}
+        try:
+            backend = await RayTpuHook(self.raytpu_conn_id).abackend()
+            progress = None
+            async with asyncio.timeout(max(0.0, self.deadline - time.time())):
+                async with contextlib.aclosing(
+                    backend.watch_cluster(self.cluster_name, self.namespace, poll_interval=self.poll_interval)
+                ) as statuses:
+                    async for status in statuses:
+                        if status.message != progress:
+                            progress = status.message
+                            self.log.info("RayCluster %s: %s: %s", self.cluster_name, status.phase.value, progress)
+                        if status.finished:
+                            yield TriggerEvent({**where, "status": status.phase.value, "cluster": status.to_dict()})
+                            return
+        except TimeoutError:
+            diagnosis = await backend.adiagnose(self.cluster_name, self.namespace)
+            yield TriggerEvent({**where, "status": "TIMEOUT", "diagnosis": diagnosis})
+        except FatalError as exc:
+            yield TriggerEvent({**where, "status": "ERROR", "message": str(exc)})

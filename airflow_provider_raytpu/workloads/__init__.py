@@ -1,0 +1,1 @@
+"""Programs that run on the Ray cluster as Ray jobs; they never import Airflow."""

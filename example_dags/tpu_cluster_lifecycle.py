@@ -1,0 +1,26 @@
+"""Create a v6e 4x4 RayCluster, wait until every host of every slice is ready, always tear it down."""
+
+from datetime import datetime
+
+from airflow.sdk import DAG, Param
+
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator, DeleteRayClusterOperator
+from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
+
+with DAG(
+    "tpu_cluster_lifecycle",
+    schedule="@daily",
+    start_date=datetime(2026, 12, 1),
+    catchup=False,
+    params={"accelerator": Param("v6e"), "topology": Param("4x4"), "slices": Param(1, type="integer")},
+):
+    create = CreateRayClusterOperator(
+        task_id="create_cluster",
+        accelerator="{{ params.accelerator }}",
+        topology="{{ params.topology }}",
+        num_slices="{{ params.slices }}",
+    )
+    cluster = "{{ ti.xcom_pull('create_cluster')['cluster_name'] }}"
+    ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=cluster, timeout=1800)
+    delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster_name=cluster)
+    create >> ready >> delete.as_teardown(setups=create)

@@ -1,0 +1,182 @@
+"""RayCluster manifests: shape from the slice, strict CRD schema validity, names, merges, hashes."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+
+from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.manifests.merge import merge_fragment
+from airflow_provider_raytpu.manifests.names import label_value, resource_name
+from airflow_provider_raytpu.manifests.raycluster import (
+    SPEC_HASH_ANNOTATION,
+    TPU_SLICE_ANNOTATION,
+    AirflowOrigin,
+    build_ray_cluster,
+    tpu_slice_of,
+)
+from airflow_provider_raytpu.tpu import TpuSlice
+from tests.crd_schema import KUBERAY_VERSIONS, schema_errors
+
+ORIGIN = AirflowOrigin("nightly_finetune", "scheduled__2026-12-01T00:00:00+00:00", "create_cluster")
+
+
+def cluster(**kwargs: object) -> dict:
+    args = {"name": "nightly", "namespace": "ml", "tpu": TpuSlice("v6e", "4x4", num_slices=2)}
+    return build_ray_cluster(**{**args, **kwargs})  # type: ignore[arg-type]
+
+
+def worker_group(manifest: dict) -> dict:
+    (group,) = manifest["spec"]["workerGroupSpecs"]
+    return group
+
+
+SHAPES = [
+    TpuSlice("v6e", "4x4", num_slices=2),
+    TpuSlice("v6e", "2x4", chips_per_host=4, spot=True),
+    TpuSlice("v5e", "1x1"),
+    TpuSlice("v4", "2x2x2"),
+    TpuSlice("v5p", "4x4x4", num_slices=4),
+    TpuSlice("v7x", "2x2x1"),
+]
+
+
+@pytest.mark.parametrize("kuberay", KUBERAY_VERSIONS)
+@pytest.mark.parametrize("tpu", SHAPES, ids=TpuSlice.describe)
+def test_valid_against_both_crd_versions(tpu: TpuSlice, kuberay: str) -> None:
+    manifest = cluster(
+        tpu=tpu,
+        env={"JAX_PLATFORMS": "tpu"},
+        service_account_name="ray-ksa",
+        origin=ORIGIN,
+        expires_at=datetime(2026, 12, 2, tzinfo=timezone.utc),
+        head_pod_template={"metadata": {"labels": {"team": "ml"}}},
+        worker_pod_template={"spec": {"priorityClassName": "batch"}},
+    )
+    assert schema_errors(manifest, "rayclusters", kuberay) == []
+
+
+@pytest.mark.parametrize("kuberay", KUBERAY_VERSIONS)
+def test_schema_check_catches_unknown_fields_and_wrong_types(kuberay: str) -> None:
+    bad = cluster()
+    worker_group(bad)["numberOfHosts"] = 4
+    bad["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "lots"
+    worker_group(bad)["replicas"] = "2"
+    errors = schema_errors(bad, "rayclusters", kuberay)
+    assert any("numberOfHosts" in e for e in errors)
+    assert any("lots" in e for e in errors)
+    assert any("replicas" in e for e in errors)
+
+
+def test_worker_group_follows_the_slice() -> None:
+    group = worker_group(cluster())
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"], group["numOfHosts"]) == (2, 2, 2, 4)
+    container = group["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"]["google.com/tpu"] == "4"
+    assert container["resources"]["limits"]["google.com/tpu"] == "4"
+    assert group["template"]["spec"]["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+        "cloud.google.com/gke-tpu-topology": "4x4",
+    }
+    assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in group["template"]["spec"][
+        "tolerations"
+    ]
+
+
+def test_spot_selects_spot_nodes_and_tolerates_their_taint() -> None:
+    spec = worker_group(cluster(tpu=TpuSlice("v6e", "4x4", spot=True)))["template"]["spec"]
+    assert spec["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+    assert any(t["key"] == "cloud.google.com/gke-spot" for t in spec["tolerations"])
+
+
+def test_head_has_no_tpu_and_exposes_the_dashboard() -> None:
+    head = cluster()["spec"]["headGroupSpec"]["template"]["spec"]
+    container = head["containers"][0]
+    assert "google.com/tpu" not in container["resources"]["limits"]
+    assert {"name": "dashboard", "containerPort": 8265} in container["ports"]
+    assert "nodeSelector" not in head
+
+
+def test_metadata_records_origin_slice_and_expiry() -> None:
+    manifest = cluster(origin=ORIGIN, expires_at=datetime(2026, 12, 3, 6, tzinfo=timezone.utc))
+    labels, notes = manifest["metadata"]["labels"], manifest["metadata"]["annotations"]
+    assert labels["app.kubernetes.io/managed-by"] == "airflow-provider-raytpu"
+    assert labels["raytpu.dev/run-id"] == "scheduled__2026-12-01T00-00-00-00-00"
+    assert notes["raytpu.dev/run-id"] == ORIGIN.run_id
+    assert notes["raytpu.dev/expires-at"] == "2026-12-03T06:00:00Z"
+    assert json.loads(notes[TPU_SLICE_ANNOTATION])["topology"] == "4x4"
+    assert tpu_slice_of(manifest) == TpuSlice("v6e", "4x4", num_slices=2)
+
+
+def test_spec_hash_ignores_run_metadata_but_not_the_spec() -> None:
+    first = cluster(origin=ORIGIN, expires_at=datetime(2026, 12, 3, tzinfo=timezone.utc))
+    retry = cluster(origin=AirflowOrigin("d", "other-run", "t"), expires_at=datetime(2027, 1, 1, tzinfo=timezone.utc))
+    other_shape = cluster(tpu=TpuSlice("v6e", "4x8", num_slices=2))
+    hash_of = lambda m: m["metadata"]["annotations"][SPEC_HASH_ANNOTATION]  # noqa: E731
+    assert hash_of(first) == hash_of(retry)
+    assert hash_of(first) != hash_of(other_shape)
+    assert hash_of(first) != hash_of(cluster(image="rayproject/ray:2.61.0-py311-tpu"))
+
+
+def test_ray_version_from_the_image_tag() -> None:
+    assert cluster()["spec"]["rayVersion"] == "2.60.0"
+    assert "rayVersion" not in cluster(image="registry.local:5000/ray:latest")["spec"]
+    assert cluster(image="ray", ray_version="2.55.1")["spec"]["rayVersion"] == "2.55.1"
+
+
+def test_user_fragments_merge_by_name() -> None:
+    manifest = cluster(
+        env={"A": "1"},
+        worker_pod_template={
+            "spec": {
+                "containers": [
+                    {"name": "ray-worker", "env": [{"name": "A", "value": "2"}, {"name": "B", "value": "3"}]},
+                    {"name": "sidecar", "image": "busybox"},
+                ],
+                "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+            }
+        },
+    )
+    spec = worker_group(manifest)["template"]["spec"]
+    worker, sidecar = spec["containers"]
+    assert worker["env"] == [{"name": "A", "value": "2"}, {"name": "B", "value": "3"}]
+    assert worker["resources"]["limits"]["google.com/tpu"] == "4"
+    assert sidecar == {"name": "sidecar", "image": "busybox"}
+    assert [t["key"] for t in spec["tolerations"]] == ["google.com/tpu", "dedicated"]
+
+
+def test_merge_fragment_is_pure_and_deletes_with_none() -> None:
+    base = {"a": {"b": 1, "c": [1, 2]}, "d": 1}
+    merged = merge_fragment(base, {"a": {"c": [3]}, "d": None})
+    assert merged == {"a": {"b": 1, "c": [3]}}
+    assert base == {"a": {"b": 1, "c": [1, 2]}, "d": 1}
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("nightly_finetune", "nightly-finetune"), ("Nightly.Run 1", "nightly-run-1"), ("-a_", "a")],
+)
+def test_names_are_normalised(given: str, expected: str) -> None:
+    assert resource_name(given, "cluster_name") == expected
+
+
+def test_long_names_keep_a_hash_and_stay_stable() -> None:
+    long = "nightly_embeddings_for_the_whole_catalogue_" + "x" * 40
+    name = resource_name(long, "cluster_name")
+    assert len(name) == 53 and name == resource_name(long, "cluster_name")
+    assert name != resource_name(long + "y", "cluster_name")
+    assert len(resource_name(long, "name", limit=47)) <= 47
+
+
+@pytest.mark.parametrize("bad", ["nightly/run", "ü-cluster", "", "___"])
+def test_names_that_cannot_be_fixed_are_rejected_with_the_rule(bad: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        build_ray_cluster(name=bad, namespace="ml", tpu=TpuSlice("v6e", "4x4"))
+    assert info.value.field == "cluster_name"
+
+
+def test_label_values_are_valid() -> None:
+    value = label_value("manual__2026-12-02T16:16:44.977558+00:00" * 3)
+    assert len(value) <= 63 and value[0].isalnum() and value[-1].isalnum()
