@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 test: install
 	$(PYTEST) tests/unit -q
+	$(PYTEST) tests/fakekube tests/kube -q
 
 
 test-unit: install

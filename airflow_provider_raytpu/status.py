@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 REPLICA_INDEX_LABEL = "ray.io/worker-group-replica-index"
+HOST_INDEX_LABEL = "ray.io/replica-host-index"
 NODE_TYPE_LABEL = "ray.io/node-type"
 
 
@@ -180,9 +181,10 @@ def _pod_label(pod: Mapping[str, Any]) -> str:
     name = pod.get("metadata", {}).get("name", "?")
     if labels.get(NODE_TYPE_LABEL) == "head":
         return f"head (pod {name})"
-    host = labels.get("ray.io/replica-host-index")
-    where = f"slice {labels[REPLICA_INDEX_LABEL]} host {host}" if REPLICA_INDEX_LABEL in labels else "worker"
-    return f"{where} (pod {name})"
+    if REPLICA_INDEX_LABEL not in labels:
+        return f"worker (pod {name})"
+    host = labels.get(HOST_INDEX_LABEL)
+    return f"slice {labels[REPLICA_INDEX_LABEL]}{f' host {host}' if host else ''} (pod {name})"
 
 
 def _pod_reason(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> str:

@@ -323,14 +323,17 @@ class KubeRayBackend(ClusterBackend):
         events = self._list_core(self.core.list_namespaced_event, namespace, field_selector="involvedObject.kind=Pod")
         return diagnose_pods(read_ray_cluster(cluster, pods), pods, events)
 
+    @staticmethod
+    def dashboard_proxy_path(name: str, namespace: str) -> str:
+        """The head service's dashboard port, on the API server's service proxy."""
+        return f"/api/v1/namespaces/{namespace}/services/{name}-head-svc:dashboard/proxy"
+
     def dashboard_url(self, name: str, namespace: str) -> str:
-        service = f"{name}-head-svc"
         if self.settings.dashboard == "url":
             return (self.settings.dashboard_url or "").format(cluster_name=name, namespace=namespace)
         if self.settings.dashboard == "dns":
-            return f"http://{service}.{namespace}.svc.cluster.local:{DASHBOARD_PORT}"
-        host = self.api_client.configuration.host.rstrip("/")
-        return f"{host}/api/v1/namespaces/{namespace}/services/{service}:dashboard/proxy"
+            return f"http://{name}-head-svc.{namespace}.svc.cluster.local:{DASHBOARD_PORT}"
+        return self.api_client.configuration.host.rstrip("/") + self.dashboard_proxy_path(name, namespace)
 
     # -- async -----------------------------------------------------------------------------
 
@@ -367,19 +370,19 @@ class KubeRayBackend(ClusterBackend):
                         await asyncio.sleep(poll_interval)
                         resource_version = None
                         continue
-                    stream = k8s_watch.Watch()
-                    async for event in stream.stream(
-                        api.list_namespaced_custom_object, GROUP, VERSION, namespace, RAY_CLUSTERS,
-                        field_selector=f"metadata.name={name}", resource_version=resource_version,
-                        timeout_seconds=WATCH_SECONDS, allow_watch_bookmarks=True,
-                    ):
-                        obj = event["raw_object"]
-                        resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
-                        if event["type"] == "BOOKMARK":
-                            continue
-                        failures = 0
-                        cluster = None if event["type"] == "DELETED" else obj
-                        yield await self._aread(api_client, name, namespace, cluster)
+                    async with k8s_watch.Watch() as stream:
+                        async for event in stream.stream(
+                            api.list_namespaced_custom_object, GROUP, VERSION, namespace, RAY_CLUSTERS,
+                            field_selector=f"metadata.name={name}", resource_version=resource_version,
+                            timeout_seconds=WATCH_SECONDS, allow_watch_bookmarks=True,
+                        ):
+                            obj = event["raw_object"]
+                            resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
+                            if event["type"] == "BOOKMARK":
+                                continue
+                            failures = 0
+                            cluster = None if event["type"] == "DELETED" else obj
+                            yield await self._aread(api_client, name, namespace, cluster)
             except AsyncApiException as exc:
                 if exc.status == 410:
                     log.info("Watch of RayCluster %s expired (410 Gone); listing again", name)

@@ -1,0 +1,125 @@
+"""RayClusterReadyTrigger against a Kubernetes API over HTTP: it watches, resumes, re-lists, diagnoses."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
+from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
+from airflow_provider_raytpu.tpu import TpuSlice
+from airflow_provider_raytpu.triggers.raycluster import RayClusterReadyTrigger
+from tests.fakekube.kuberay import KubeRayReactor, replica_failure, unschedulable
+from tests.fakekube.server import FakeKubeApiServer
+from tests.kube.conftest import NAMESPACE
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def trigger(deadline_in: float = 30.0, poll_interval: float = 0.5) -> RayClusterReadyTrigger:
+    return RayClusterReadyTrigger("train", NAMESPACE, "raytpu_default", time.time() + deadline_in, poll_interval)
+
+
+async def first_event(t: RayClusterReadyTrigger) -> dict[str, Any]:
+    async for event in t.run():
+        return event.payload
+    raise AssertionError("the trigger ended without an event")
+
+
+def create(backend: KubeRayBackend) -> None:
+    backend.apply_cluster(build_ray_cluster(name="train", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4", num_slices=2)))
+
+
+def test_serialization_round_trips() -> None:
+    t = trigger()
+    path, kwargs = t.serialize()
+    assert path == "airflow_provider_raytpu.triggers.raycluster.RayClusterReadyTrigger"
+    assert RayClusterReadyTrigger(**kwargs).serialize() == (path, kwargs)
+
+
+async def test_fires_ready_from_a_watch(backend: KubeRayBackend, kube: FakeKubeApiServer,
+                                        kuberay: KubeRayReactor) -> None:
+    kuberay.set_mode("hold")
+    create(backend)
+    task = asyncio.create_task(first_event(trigger()))
+    await asyncio.to_thread(kube.wait_for, lambda: kube.open_watches == 1)
+    kuberay.set_mode("auto")
+    event = await task
+    assert event["status"] == "READY"
+    assert event["cluster"]["ready_hosts"] == 8
+    lists = [r for r in kube.requests if r.method == "GET" and r.path.endswith("/rayclusters") and not r.watch]
+    watches = [r for r in kube.requests if r.path.endswith("/rayclusters") and r.watch]
+    assert len(lists) == 1 and len(watches) == 1
+    assert watches[0].query["fieldSelector"] == "metadata.name=train"
+
+
+async def test_resumes_after_a_cut_stream(backend: KubeRayBackend, kube: FakeKubeApiServer,
+                                          kuberay: KubeRayReactor) -> None:
+    kuberay.set_mode("hold")
+    create(backend)
+    task = asyncio.create_task(first_event(trigger()))
+    await asyncio.to_thread(kube.wait_for, lambda: kube.open_watches == 1)
+    kube.cut_watches()
+    await asyncio.to_thread(kube.wait_for, lambda: kube.open_watches == 1)
+    kuberay.set_mode("auto")
+    assert (await task)["status"] == "READY"
+    watches = [r for r in kube.requests if r.path.endswith("/rayclusters") and r.watch]
+    assert len(watches) == 2 and watches[1].query["resourceVersion"] >= watches[0].query["resourceVersion"]
+
+
+async def test_lists_again_after_410_gone(backend: KubeRayBackend, kube: FakeKubeApiServer,
+                                          kuberay: KubeRayReactor) -> None:
+    kuberay.set_mode("hold")
+    create(backend)
+    task = asyncio.create_task(first_event(trigger()))
+    await asyncio.to_thread(kube.wait_for, lambda: kube.open_watches == 1)
+    kuberay.set_mode("auto")
+    kube.compact()
+    kube.cut_watches()
+    assert (await task)["status"] == "READY"
+
+
+async def test_polls_when_watching_keeps_failing(backend: KubeRayBackend, kube: FakeKubeApiServer,
+                                                 kuberay: KubeRayReactor) -> None:
+    kube.inject("GET", r"/rayclusters$", 500, times=None, watch=True)
+    kuberay.set_mode("hold")
+    create(backend)
+    task = asyncio.create_task(first_event(trigger(poll_interval=0.2)))
+    await asyncio.to_thread(kube.wait_for, lambda: kube.count("GET", r"/rayclusters$", watch=True) >= 3)
+    kuberay.set_mode("auto")
+    assert (await task)["status"] == "READY"
+    assert kube.count("GET", r"/rayclusters$", watch=False) >= 2
+
+
+async def test_fails_fast_on_replica_failure(backend: KubeRayBackend, kuberay: KubeRayReactor) -> None:
+    kuberay.set_mode(replica_failure(message="pods \"w\" is forbidden: exceeded quota: tpu-quota"))
+    create(backend)
+    event = await first_event(trigger())
+    assert event["status"] == "FAILED" and "exceeded quota" in event["cluster"]["message"]
+
+
+async def test_fires_gone_when_deleted(backend: KubeRayBackend, kube: FakeKubeApiServer,
+                                       kuberay: KubeRayReactor) -> None:
+    kuberay.set_mode("hold")
+    create(backend)
+    task = asyncio.create_task(first_event(trigger()))
+    await asyncio.to_thread(kube.wait_for, lambda: kube.open_watches == 1)
+    await asyncio.to_thread(backend.delete_cluster, "train", NAMESPACE)
+    assert (await task)["status"] == "GONE"
+
+
+async def test_deadline_fires_a_diagnosis(backend: KubeRayBackend, kuberay: KubeRayReactor) -> None:
+    kuberay.set_mode(unschedulable("0/4 nodes are available: 4 Insufficient google.com/tpu."))
+    create(backend)
+    event = await first_event(trigger(deadline_in=1.5))
+    assert event["status"] == "TIMEOUT"
+    assert "slice 1 host 3" in event["diagnosis"] and "Insufficient google.com/tpu" in event["diagnosis"]
+
+
+async def test_missing_connection_is_an_error_event() -> None:
+    t = RayClusterReadyTrigger("train", NAMESPACE, "no_such_conn", time.time() + 5)
+    event = await first_event(t)
+    assert event["status"] == "ERROR" and "No Airflow connection 'no_such_conn'" in event["message"]
