@@ -1,0 +1,1 @@
+"""A real Kubernetes control plane (etcd, kube-apiserver, scheduler, controller manager, KubeRay) for tests."""

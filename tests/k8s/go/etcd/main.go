@@ -1,0 +1,12 @@
+// Command etcd runs an etcd server, exactly like upstream's etcd binary.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() {
+	etcdmain.Main(os.Args)
+}
