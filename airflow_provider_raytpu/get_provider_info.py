@@ -66,15 +66,39 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": "Ray on TPU",
-                "python-modules": ["airflow_provider_raytpu.operators.raycluster"],
+                "python-modules": [
+                    "airflow_provider_raytpu.operators.raycluster",
+                    "airflow_provider_raytpu.operators.ray_job",
+                    "airflow_provider_raytpu.operators.ray_data",
+                    "airflow_provider_raytpu.operators.jax_trainer",
+                    "airflow_provider_raytpu.operators.rayservice",
+                ],
             }
         ],
         "sensors": [
-            {"integration-name": "Ray on TPU", "python-modules": ["airflow_provider_raytpu.sensors.raycluster"]}
+            {
+                "integration-name": "Ray on TPU",
+                "python-modules": [
+                    "airflow_provider_raytpu.sensors.raycluster",
+                    "airflow_provider_raytpu.sensors.rayservice",
+                ],
+            }
         ],
-        "hooks": [{"integration-name": "Ray on TPU", "python-modules": ["airflow_provider_raytpu.hooks.raytpu"]}],
+        "hooks": [
+            {
+                "integration-name": "Ray on TPU",
+                "python-modules": ["airflow_provider_raytpu.hooks.raytpu", "airflow_provider_raytpu.hooks.ray_jobs"],
+            }
+        ],
         "triggers": [
-            {"integration-name": "Ray on TPU", "python-modules": ["airflow_provider_raytpu.triggers.raycluster"]}
+            {
+                "integration-name": "Ray on TPU",
+                "python-modules": [
+                    "airflow_provider_raytpu.triggers.raycluster",
+                    "airflow_provider_raytpu.triggers.ray_job",
+                    "airflow_provider_raytpu.triggers.rayservice",
+                ],
+            }
         ],
         "connection-types": [
             {

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -31,11 +31,23 @@ from airflow_provider_raytpu.backends.base import (
     ApplyResult,
     ClusterBackend,
     conflict_error,
+    foreign_service_error,
+    is_managed,
+    same_service,
     same_spec,
+    service_config_problems,
 )
 from airflow_provider_raytpu.errors import FatalError, PermissionDeniedError
-from airflow_provider_raytpu.manifests.raycluster import DASHBOARD_PORT, MANAGED_BY, MANAGED_BY_LABEL
-from airflow_provider_raytpu.status import ClusterStatus, diagnose_pods, read_ray_cluster
+from airflow_provider_raytpu.manifests.raycluster import DASHBOARD_PORT, MANAGED_BY, MANAGED_BY_LABEL, SERVE_PORT
+from airflow_provider_raytpu.manifests.rayservice import IN_PLACE, SERVE_PORT_NAME, serve_service_name, update_kind
+from airflow_provider_raytpu.status import (
+    ClusterStatus,
+    ServiceStatus,
+    diagnose_pods,
+    diagnose_ray_service,
+    read_ray_cluster,
+    read_ray_service,
+)
 
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.settings import ConnectionSettings
@@ -45,10 +57,14 @@ log = logging.getLogger(__name__)
 GROUP = "ray.io"
 VERSION = "v1"
 RAY_CLUSTERS = "rayclusters"
+RAY_SERVICES = "rayservices"
+KINDS = {RAY_CLUSTERS: "RayCluster", RAY_SERVICES: "RayService"}
 CLUSTER_LABEL = "ray.io/cluster"
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 WATCH_SECONDS = 240
 WATCH_FAILURES_BEFORE_POLLING = 3
+APPLY_CONFLICT_ATTEMPTS = 5
+SERVE_APPLICATIONS_ENDPOINT = "/api/serve/applications/"
 
 T = TypeVar("T")
 
@@ -124,7 +140,7 @@ class _RestGKEHook:
 
 
 class KubeRayBackend(ClusterBackend):
-    """RayClusters as KubeRay custom resources.
+    """RayClusters and RayServices as KubeRay custom resources.
 
     :param settings: the parsed ``raytpu`` connection (backend ``kubernetes`` or ``gke``).
     """
@@ -213,14 +229,17 @@ class KubeRayBackend(ClusterBackend):
 
     # -- RayCluster CRUD -------------------------------------------------------------------
 
-    def _call(self, verb: str, namespace: str | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def _call(self, verb: str, namespace: str | None, fn: Callable[..., T], *args: Any,
+              plural: str = RAY_CLUSTERS, **kwargs: Any) -> T:
         try:
             return api_retry()(fn)(*args, **kwargs)
         except ApiException as exc:
-            explained = explain_api_error(exc, verb, f"{RAY_CLUSTERS}.{GROUP}", namespace)
+            explained = explain_api_error(exc, verb, f"{plural}.{GROUP}", namespace)
             if explained is exc:
                 raise
-            raise explained from exc
+            # The explanation carries the API server's message; chaining the client's
+            # exception would put its traceback and HTTP headers first in the task log.
+            raise explained from None
 
     def apply_cluster(self, manifest: dict[str, Any], *, update_if_exists: bool = False) -> ApplyResult:
         name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
@@ -346,13 +365,22 @@ class KubeRayBackend(ClusterBackend):
         )
         return read_ray_cluster(cluster, json.loads(await pods.read()).get("items", []))
 
-    async def watch_cluster(self, name: str, namespace: str, poll_interval: float = 10.0) -> AsyncIterator[ClusterStatus]:
-        """Watch the one RayCluster (field selector on its name) and yield its status on every change.
+    async def _watch(
+        self,
+        plural: str,
+        name: str,
+        namespace: str,
+        poll_interval: float,
+        read: Callable[[k8s_async.ApiClient, dict[str, Any] | None], Awaitable[T]],
+    ) -> AsyncIterator[T]:
+        """Watch one custom object (field selector on its name) and yield ``read(client, object)`` on every change.
 
-        Resumes from the last resourceVersion after a dropped stream, lists again on
-        410 Gone, and falls back to polling every ``poll_interval`` seconds after
-        repeated watch failures (e.g. a proxy that cuts streams).
+        ``object`` is ``None`` when it does not exist or was deleted. Resumes from the last
+        resourceVersion after a dropped stream, lists again on 410 Gone, and falls back to
+        polling every ``poll_interval`` seconds after repeated watch failures (e.g. a proxy
+        that cuts streams).
         """
+        kind = KINDS[plural]
         failures = 0
         resource_version: str | None = None
         while True:
@@ -361,18 +389,18 @@ class KubeRayBackend(ClusterBackend):
                     api = k8s_async.CustomObjectsApi(api_client)
                     if resource_version is None:
                         listed = await api_retry()(api.list_namespaced_custom_object)(
-                            GROUP, VERSION, namespace, RAY_CLUSTERS, field_selector=f"metadata.name={name}"
+                            GROUP, VERSION, namespace, plural, field_selector=f"metadata.name={name}"
                         )
                         resource_version = listed["metadata"]["resourceVersion"]
                         items = listed.get("items") or []
-                        yield await self._aread(api_client, name, namespace, items[0] if items else None)
+                        yield await read(api_client, items[0] if items else None)
                     if failures >= WATCH_FAILURES_BEFORE_POLLING:
                         await asyncio.sleep(poll_interval)
                         resource_version = None
                         continue
                     async with k8s_watch.Watch() as stream:
                         async for event in stream.stream(
-                            api.list_namespaced_custom_object, GROUP, VERSION, namespace, RAY_CLUSTERS,
+                            api.list_namespaced_custom_object, GROUP, VERSION, namespace, plural,
                             field_selector=f"metadata.name={name}", resource_version=resource_version,
                             timeout_seconds=WATCH_SECONDS, allow_watch_bookmarks=True,
                         ):
@@ -381,22 +409,271 @@ class KubeRayBackend(ClusterBackend):
                             if event["type"] == "BOOKMARK":
                                 continue
                             failures = 0
-                            cluster = None if event["type"] == "DELETED" else obj
-                            yield await self._aread(api_client, name, namespace, cluster)
+                            yield await read(api_client, None if event["type"] == "DELETED" else obj)
             except AsyncApiException as exc:
                 if exc.status == 410:
-                    log.info("Watch of RayCluster %s expired (410 Gone); listing again", name)
+                    log.info("Watch of %s %s expired (410 Gone); listing again", kind, name)
                     resource_version = None
                     continue
                 if exc.status in (401, 403):
-                    raise explain_api_error(exc, "watch", f"{RAY_CLUSTERS}.{GROUP}", namespace) from exc
+                    raise explain_api_error(exc, "watch", f"{plural}.{GROUP}", namespace) from exc
                 failures += 1
-                log.warning("Watch of RayCluster %s failed (%s); retry %d", name, exc.status, failures)
+                log.warning("Watch of %s %s failed (%s); retry %d", kind, name, exc.status, failures)
                 await asyncio.sleep(min(2**failures * 0.25, poll_interval))
             except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
                 failures += 1
-                log.warning("Watch of RayCluster %s dropped (%s); retry %d", name, exc, failures)
+                log.warning("Watch of %s %s dropped (%s); retry %d", kind, name, exc, failures)
                 await asyncio.sleep(min(2**failures * 0.25, poll_interval))
+
+    def watch_cluster(self, name: str, namespace: str, poll_interval: float = 10.0) -> AsyncIterator[ClusterStatus]:
+        """Watch the one RayCluster and yield its status on every change (see :meth:`_watch`).
+
+        Returns the watch generator itself (no wrapping generator, so closing it closes everything).
+        """
+
+        async def read(api_client: k8s_async.ApiClient, cluster: dict[str, Any] | None) -> ClusterStatus:
+            return await self._aread(api_client, name, namespace, cluster)
+
+        return self._watch(RAY_CLUSTERS, name, namespace, poll_interval, read)
 
     async def adiagnose(self, name: str, namespace: str) -> str:
         return await asyncio.to_thread(self.diagnose, name, namespace)
+
+    # -- RayService ------------------------------------------------------------------------
+
+    def apply_service(self, manifest: dict[str, Any]) -> ApplyResult:
+        name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+        for _ in range(APPLY_CONFLICT_ATTEMPTS):
+            existing = self.get_service(name, namespace)
+            if existing is None:
+                try:
+                    created = self._call(
+                        "create", namespace, self.custom_objects.create_namespaced_custom_object,
+                        GROUP, VERSION, namespace, RAY_SERVICES, manifest, field_validation="Strict",
+                        plural=RAY_SERVICES,
+                    )
+                    return ApplyResult(Applied.CREATED, created)
+                except ApiException as exc:
+                    if exc.status != 409:
+                        raise
+                    continue  # created meanwhile, e.g. by our own first attempt whose answer was lost
+            if not is_managed(existing):
+                raise foreign_service_error(existing)
+            if same_service(existing, manifest):
+                return ApplyResult(Applied.ADOPTED, existing)
+            replacement = {
+                **manifest,
+                "metadata": {
+                    **existing["metadata"],
+                    "labels": {**(existing["metadata"].get("labels") or {}), **manifest["metadata"]["labels"]},
+                    "annotations": {
+                        **(existing["metadata"].get("annotations") or {}),
+                        **manifest["metadata"]["annotations"],
+                    },
+                },
+            }
+            try:
+                updated = self._call(
+                    "update", namespace, self.custom_objects.replace_namespaced_custom_object,
+                    GROUP, VERSION, namespace, RAY_SERVICES, name, replacement, field_validation="Strict",
+                    plural=RAY_SERVICES,
+                )
+                return ApplyResult(Applied.UPDATED, updated)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                # KubeRay wrote the status since we read it (stale resourceVersion): read again.
+                log.info("RayService %s/%s changed while being updated; reading it again", namespace, name)
+        raise FatalError(
+            f"RayService {namespace}/{name} kept changing while being updated ({APPLY_CONFLICT_ATTEMPTS} attempts)"
+        )
+
+    def get_service(self, name: str, namespace: str) -> dict[str, Any] | None:
+        return self._get_object(RAY_SERVICES, name, namespace)
+
+    def _get_object(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
+        try:
+            return self._call(
+                "get", namespace, self.custom_objects.get_namespaced_custom_object, GROUP, VERSION, namespace,
+                plural, name, plural=plural,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def delete_service(self, name: str, namespace: str) -> bool:
+        try:
+            self._call(
+                "delete", namespace, self.custom_objects.delete_namespaced_custom_object, GROUP, VERSION, namespace,
+                RAY_SERVICES, name, propagation_policy="Background", plural=RAY_SERVICES,
+            )
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    @staticmethod
+    def _cluster_names(service: dict[str, Any] | None) -> tuple[str, str]:
+        status = (service or {}).get("status") or {}
+        return (
+            (status.get("activeServiceStatus") or {}).get("rayClusterName") or "",
+            (status.get("pendingServiceStatus") or {}).get("rayClusterName") or "",
+        )
+
+    @staticmethod
+    def _needs_serve_record(service: dict[str, Any]) -> bool:
+        """After an in-place update only Serve itself can say whether the active cluster runs the new config."""
+        active, pending = KubeRayBackend._cluster_names(service)
+        return update_kind(service) == IN_PLACE and bool(active) and not pending
+
+    def serve_applications(self, cluster_name: str, namespace: str) -> dict[str, Any] | None:
+        """Serve's ``applications`` on a cluster (``GET /api/serve/applications/``); ``None`` if unreachable."""
+        try:
+            if self.settings.dashboard == "proxy":
+                raw = self.api_client.call_api(
+                    self.dashboard_proxy_path(cluster_name, namespace) + SERVE_APPLICATIONS_ENDPOINT, "GET",
+                    header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+                    _preload_content=False, _return_http_data_only=True,
+                )
+                return json.loads(raw.data).get("applications") or {}
+            import requests
+
+            answer = requests.get(self.dashboard_url(cluster_name, namespace) + SERVE_APPLICATIONS_ENDPOINT, timeout=10)
+            answer.raise_for_status()
+            return answer.json().get("applications") or {}
+        except Exception as exc:  # the dashboard restarts, the proxy has no endpoints yet, RBAC
+            log.warning("Cannot read Serve applications of RayCluster %s/%s: %s", namespace, cluster_name, exc)
+            return None
+
+    def _read_service(self, service: dict[str, Any] | None, version: str | None) -> ServiceStatus:
+        if service is None:
+            return read_ray_service(None, version=version)
+        namespace = service["metadata"]["namespace"]
+        active, pending = self._cluster_names(service)
+        return read_ray_service(
+            service,
+            active_cluster=self.get_cluster(active, namespace) if active else None,
+            pending_cluster=self.get_cluster(pending, namespace) if pending else None,
+            serve_applications=self.serve_applications(active, namespace) if self._needs_serve_record(service) else None,
+            version=version,
+        )
+
+    def service_status(self, name: str, namespace: str, version: str | None = None) -> ServiceStatus:
+        return self._read_service(self.get_service(name, namespace), version)
+
+    async def aservice_status(self, name: str, namespace: str, version: str | None = None) -> ServiceStatus:
+        async with self.async_api_client() as api_client:
+            service = await self._aget(api_client, RAY_SERVICES, name, namespace)
+            return await self._aread_service(api_client, service, version)
+
+    async def _aget(self, api_client: k8s_async.ApiClient, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
+        try:
+            return await api_retry()(k8s_async.CustomObjectsApi(api_client).get_namespaced_custom_object)(
+                GROUP, VERSION, namespace, plural, name
+            )
+        except AsyncApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def _aserve_applications(self, api_client: k8s_async.ApiClient, cluster_name: str,
+                                   namespace: str) -> dict[str, Any] | None:
+        try:
+            if self.settings.dashboard == "proxy":
+                raw = await api_client.call_api(
+                    self.dashboard_proxy_path(cluster_name, namespace) + SERVE_APPLICATIONS_ENDPOINT, "GET",
+                    header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+                    _preload_content=False, _return_http_data_only=True,
+                )
+                return json.loads(await raw.read()).get("applications") or {}
+            url = await asyncio.to_thread(self.dashboard_url, cluster_name, namespace)
+            async with aiohttp.ClientSession() as session:
+                async with session.get(url + SERVE_APPLICATIONS_ENDPOINT) as answer:
+                    answer.raise_for_status()
+                    return (await answer.json(content_type=None)).get("applications") or {}
+        except Exception as exc:  # the dashboard restarts, the proxy has no endpoints yet, RBAC
+            log.warning("Cannot read Serve applications of RayCluster %s/%s: %s", namespace, cluster_name, exc)
+            return None
+
+    async def _aread_service(self, api_client: k8s_async.ApiClient, service: dict[str, Any] | None,
+                             version: str | None) -> ServiceStatus:
+        if service is None:
+            return read_ray_service(None, version=version)
+        namespace = service["metadata"]["namespace"]
+        active, pending = self._cluster_names(service)
+        return read_ray_service(
+            service,
+            active_cluster=await self._aget(api_client, RAY_CLUSTERS, active, namespace) if active else None,
+            pending_cluster=await self._aget(api_client, RAY_CLUSTERS, pending, namespace) if pending else None,
+            serve_applications=(await self._aserve_applications(api_client, active, namespace)
+                                if self._needs_serve_record(service) else None),
+            version=version,
+        )
+
+    def watch_service(
+        self, name: str, namespace: str, version: str | None = None, poll_interval: float = 10.0
+    ) -> AsyncIterator[ServiceStatus]:
+        """Watch the one RayService and yield its status on every change (the RayCluster watch loop, :meth:`_watch`).
+
+        Each status also reads the active and pending RayClusters the service names (their
+        pod templates carry the version each was made for).
+        """
+
+        async def read(api_client: k8s_async.ApiClient, service: dict[str, Any] | None) -> ServiceStatus:
+            return await self._aread_service(api_client, service, version)
+
+        return self._watch(RAY_SERVICES, name, namespace, poll_interval, read)
+
+    def diagnose_service(self, name: str, namespace: str, version: str | None = None,
+                         waited: float | None = None) -> str:
+        service = self.get_service(name, namespace)
+        status = self._read_service(service, version)
+        if service is None:
+            return status.message
+        target = status.target_cluster
+        return diagnose_ray_service(
+            status,
+            waited=waited,
+            serve_applications=self.serve_applications(target, namespace) if target else None,
+            cluster_diagnosis=self.diagnose(target, namespace) if target else "",
+            config_problems=service_config_problems(service),
+        )
+
+    async def adiagnose_service(self, name: str, namespace: str, version: str | None = None,
+                                waited: float | None = None) -> str:
+        return await asyncio.to_thread(self.diagnose_service, name, namespace, version, waited)
+
+    @staticmethod
+    def serve_proxy_path(name: str, namespace: str) -> str:
+        """The Serve service's ``serve`` port, on the API server's service proxy."""
+        return f"/api/v1/namespaces/{namespace}/services/{serve_service_name(name)}:{SERVE_PORT_NAME}/proxy"
+
+    def serve_url(self, name: str, namespace: str) -> str:
+        if self.settings.dashboard == "proxy":
+            return self.api_client.configuration.host.rstrip("/") + self.serve_proxy_path(name, namespace)
+        return f"http://{serve_service_name(name)}.{namespace}.svc.cluster.local:{SERVE_PORT}"
+
+    def serve_request(self, name: str, namespace: str, method: str, path: str,
+                      body: Any = None, timeout: float = 30.0) -> tuple[int, bytes]:
+        """One request to the Serve proxy; through the API server's service proxy with the client's own auth."""
+        path = "/" + path.lstrip("/")
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        if self.settings.dashboard != "proxy":
+            import requests
+
+            answer = requests.request(method, self.serve_url(name, namespace) + path, json=body, timeout=timeout)
+            return answer.status_code, answer.content
+        try:
+            raw = self.api_client.call_api(
+                self.serve_proxy_path(name, namespace) + path, method, header_params=headers, body=body,
+                auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+                _request_timeout=timeout,
+            )
+            return raw.status, raw.data
+        except ApiException as exc:
+            data = exc.body if isinstance(exc.body, bytes) else (exc.body or "").encode()
+            return exc.status, data

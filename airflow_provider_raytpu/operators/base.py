@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
-from airflow_provider_raytpu.errors import FatalError
+from airflow_provider_raytpu.errors import FatalError, InvalidInputError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
-from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin
+from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin, tpu_slice_of
+from airflow_provider_raytpu.tpu import TpuSlice
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from airflow_provider_raytpu.backends.base import ClusterBackend
+    from airflow_provider_raytpu.backends.base import ClusterBackend, ServiceBackend
 
 
 @contextlib.contextmanager
@@ -54,6 +55,27 @@ class ClusterTaskMixin:
     def resolved_namespace(self) -> str:
         return self.namespace or self.hook.settings.namespace
 
+    def cluster_tpu(self, name: str, namespace: str, given: TpuSlice | None = None) -> TpuSlice:
+        """The slice shape recorded on the cluster; an explicitly given shape must agree with it."""
+        recorded = tpu_slice_of(self.backend.get_cluster(name, namespace) or {})
+        if recorded is None:
+            if given is None:
+                raise FatalError(
+                    f"RayCluster {namespace}/{name} does not exist or records no slice shape; create it with "
+                    "CreateRayClusterOperator, or pass accelerator and topology"
+                )
+            return given
+        if given is not None and (given.accelerator, given.topology, given.num_slices, given.host_chips) != (
+            recorded.accelerator, recorded.topology, recorded.num_slices, recorded.host_chips
+        ):
+            raise InvalidInputError(
+                "accelerator/topology/num_slices",
+                given.describe(),
+                f"disagrees with RayCluster {namespace}/{name}, which is {recorded.describe()}",
+                "Leave the slice fields unset to use the cluster's shape, or target a cluster of this shape",
+            )
+        return recorded
+
     def cluster_reference(self, name: str, namespace: str, tpu: dict[str, Any] | None) -> dict[str, Any]:
         """The cluster reference every later task takes (no secrets in it)."""
         return {
@@ -63,3 +85,17 @@ class ClusterTaskMixin:
             "tpu": tpu,
             "dashboard_url": self.backend.dashboard_url(name, namespace),
         }
+
+
+class ServiceTaskMixin(ClusterTaskMixin):
+    """An operator or sensor that works on a RayService.
+
+    Subclasses declare ``service_name``, ``namespace`` and ``raytpu_conn_id`` as template
+    fields, so ``"{{ ti.xcom_pull('deploy')['service_name'] }}"`` works.
+    """
+
+    service_name: str | None
+
+    @property
+    def service_backend(self) -> ServiceBackend:
+        return self.hook.backend

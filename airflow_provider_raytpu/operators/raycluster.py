@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
-from airflow_provider_raytpu.manifests.names import resource_name
+from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, resource_name
 from airflow_provider_raytpu.manifests.raycluster import (
     DEFAULT_IMAGE,
     EXPIRES_AT_ANNOTATION,
@@ -30,7 +31,8 @@ SLICE_FIELDS = ("accelerator", "topology", "num_slices", "spot", "chips_per_host
 def default_cluster_name(context: Context) -> str:
     """One cluster per DAG run: the DAG id and a hash of the run id, the same on every retry."""
     ti = context["ti"]
-    return resource_name(f"{ti.dag_id}-{ti.run_id}", "cluster_name")
+    run = hashlib.sha256(ti.run_id.encode()).hexdigest()[:8]
+    return resource_name(f"{ti.dag_id[: RAY_CLUSTER_NAME_LIMIT - 9]}-{run}", "cluster_name")
 
 
 class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):

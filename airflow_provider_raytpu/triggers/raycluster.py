@@ -59,6 +59,7 @@ class RayClusterReadyTrigger(BaseTrigger):
         try:
             backend = await RayTpuHook(self.raytpu_conn_id).abackend()
             progress = None
+            final = None
             async with asyncio.timeout(max(0.0, self.deadline - time.time())):
                 async with contextlib.aclosing(
                     backend.watch_cluster(self.cluster_name, self.namespace, poll_interval=self.poll_interval)
@@ -68,8 +69,13 @@ class RayClusterReadyTrigger(BaseTrigger):
                             progress = status.message
                             self.log.info("RayCluster %s: %s: %s", self.cluster_name, status.phase.value, progress)
                         if status.finished:
-                            yield TriggerEvent({**where, "status": status.phase.value, "cluster": status.to_dict()})
-                            return
+                            final = status
+                            break
+            # The watch is closed before the event goes out: a consumer that takes only the
+            # first event and never resumes this generator (``dag.test()``) leaves no open
+            # watch or client behind for the event loop's shutdown to trip over.
+            if final is not None:
+                yield TriggerEvent({**where, "status": final.phase.value, "cluster": final.to_dict()})
         except TimeoutError:
             diagnosis = await backend.adiagnose(self.cluster_name, self.namespace)
             yield TriggerEvent({**where, "status": "TIMEOUT", "diagnosis": diagnosis})

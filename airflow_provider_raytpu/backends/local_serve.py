@@ -1,0 +1,400 @@
+"""RayServices on the local backend: a local RayCluster plus Serve's REST API, as KubeRay does it.
+
+A RayService here is the local RayCluster made from its ``rayClusterConfig`` (through
+the local backend's own :meth:`apply_cluster`) and its ``serveConfigV2`` PUT to the Serve
+REST API of that cluster's dashboard (``PUT /api/serve/applications/``, the call KubeRay
+makes). A promotion PUTs the new config on the same cluster: Serve redeploys the changed
+applications (``max_surge_percent`` in a deployment's options makes new replicas start
+before old ones stop). Status is Serve's ``GET /api/serve/applications/``, dressed as a
+RayService status and read by :func:`~airflow_provider_raytpu.status.read_ray_service`,
+so RUNNING / DEPLOYING / FAILED mean the same as on Kubernetes; a version counts as
+running only once Serve's record of every application (``deployed_app_config``) is the
+spec's.
+
+Locally the Serve HTTP proxy runs on the head only (``proxy_location: HeadOnly``: every
+emulated host is on this machine) and listens on a free port chosen once per service.
+
+:class:`LocalServeMixin` uses only the local backend's public methods (``home``,
+``apply_cluster``, ``get_cluster``, ``delete_cluster``, ``cluster_status``,
+``diagnose``, ``dashboard_url``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import fcntl
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_raytpu.backends.base import (
+    Applied,
+    ApplyResult,
+    ServiceBackend,
+    foreign_service_error,
+    is_managed,
+    same_service,
+    same_spec,
+    service_config_problems,
+)
+from airflow_provider_raytpu.errors import FatalError
+from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, resource_name
+from airflow_provider_raytpu.manifests.rayservice import ray_cluster_of
+from airflow_provider_raytpu.manifests.serveconfig import parse_serve_config
+from airflow_provider_raytpu.status import Phase, ServiceStatus, diagnose_ray_service, read_ray_service
+
+log = logging.getLogger(__name__)
+
+SERVICES_DIR = "services"
+SERVICE_FILE = "rayservice.json"
+SERVE_STATE_FILE = "serve.json"
+CLUSTER_SUFFIX = "-local"
+HEAD_WAIT_SECONDS = 180.0
+SERVE_POLL_SECONDS = 1.0
+PICKUP_SECONDS = 5.0
+SERVE_APPLICATIONS_ENDPOINT = "/api/serve/applications/"
+
+
+def local_cluster_name(service_name: str) -> str:
+    """The local RayCluster that runs a RayService (KubeRay's are ``<name>-<random>``; here one, stable)."""
+    return f"{service_name}{CLUSTER_SUFFIX}"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Readers see the old file or the new one, never a partial one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+    os.replace(temp, path)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _http(method: str, url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, bytes]:
+    import requests
+
+    answer = requests.request(method, url, json=body, timeout=timeout)
+    return answer.status_code, answer.content
+
+
+class LocalServeMixin(ServiceBackend):
+    """RayServices on the local backend (mix into :class:`~airflow_provider_raytpu.backends.local.LocalBackend`)."""
+
+    home: Path
+
+    # -- files --------------------------------------------------------------------------------
+
+    def service_dir(self, name: str, namespace: str) -> Path:
+        """Where the RayService is recorded (whether or not it exists)."""
+        name = resource_name(name, "service_name", RAY_SERVICE_NAME_LIMIT)
+        return self.home / SERVICES_DIR / resource_name(namespace, "namespace", 63) / name
+
+    @contextlib.contextmanager
+    def _service_lock(self, name: str, namespace: str) -> Iterator[None]:
+        path = self.service_dir(name, namespace)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.parent / f".{path.name}.lock", "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _stored(self, name: str, namespace: str) -> dict[str, Any] | None:
+        return _read_json(self.service_dir(name, namespace) / SERVICE_FILE)
+
+    def _serve_state(self, name: str, namespace: str) -> dict[str, Any]:
+        return _read_json(self.service_dir(name, namespace) / SERVE_STATE_FILE) or {}
+
+    # -- apply / delete -----------------------------------------------------------------------
+
+    def apply_service(self, manifest: dict[str, Any]) -> ApplyResult:
+        name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+        path = self.service_dir(name, namespace)
+        with self._service_lock(name, namespace):
+            existing = self._stored(name, namespace)
+            if existing is not None and not is_managed(existing):
+                raise foreign_service_error(existing)
+            if existing is not None and same_service(existing, manifest):
+                action, stored = Applied.ADOPTED, existing
+            else:
+                action = Applied.CREATED if existing is None else Applied.UPDATED
+                stored = self._stored_form(manifest, existing)
+                _write_json(path / SERVICE_FILE, stored)
+            state = self._serve_state(name, namespace)
+            if "serve_port" not in state:
+                _write_json(path / SERVE_STATE_FILE, {**state, "serve_port": _free_port()})
+            cluster = ray_cluster_of(stored, local_cluster_name(name))
+            # A changed rayClusterConfig (image, resources, slice) restarts the local cluster.
+            self.apply_cluster(cluster, update_if_exists=True)  # type: ignore[attr-defined]
+        self._wait_for_head(name, namespace)
+        self._reconcile(name, namespace)
+        return ApplyResult(action, self.get_service(name, namespace) or stored)
+
+    @staticmethod
+    def _stored_form(manifest: dict[str, Any], existing: dict[str, Any] | None) -> dict[str, Any]:
+        stored = copy.deepcopy({k: v for k, v in manifest.items() if k != "status"})
+        metadata = stored["metadata"]
+        if existing is None:
+            metadata.update({"uid": str(uuid.uuid4()), "creationTimestamp": _now(), "generation": 1})
+            return stored
+        old = existing["metadata"]
+        changed = not same_spec(existing, manifest)
+        metadata.update({
+            "uid": old["uid"],
+            "creationTimestamp": old["creationTimestamp"],
+            "generation": int(old.get("generation", 1)) + (1 if changed else 0),
+            "labels": {**(old.get("labels") or {}), **(metadata.get("labels") or {})},
+            "annotations": {**(old.get("annotations") or {}), **(metadata.get("annotations") or {})},
+        })
+        return stored
+
+    def _wait_for_head(self, name: str, namespace: str, timeout: float = HEAD_WAIT_SECONDS) -> None:
+        """Wait (bounded) until the cluster's head is ready, so the Serve config can be PUT now.
+
+        If it is not ready in time, the next status read submits the config (as KubeRay's
+        next reconcile would).
+        """
+        deadline = time.monotonic() + timeout
+        cluster = local_cluster_name(name)
+        while time.monotonic() < deadline:
+            status = self.cluster_status(cluster, namespace)  # type: ignore[attr-defined]
+            if status.head_ready or status.phase in (Phase.FAILED, Phase.GONE):
+                return
+            time.sleep(0.5)
+        log.warning("The head of local RayCluster %s/%s is not ready after %.0f s; the Serve config is "
+                    "submitted once it is", namespace, cluster, timeout)
+
+    def delete_service(self, name: str, namespace: str) -> bool:
+        with self._service_lock(name, namespace):
+            stored = self._stored(name, namespace)
+            cluster_gone = not self.delete_cluster(local_cluster_name(name), namespace)  # type: ignore[attr-defined]
+            shutil.rmtree(self.service_dir(name, namespace), ignore_errors=True)
+        return stored is not None or not cluster_gone
+
+    # -- Serve --------------------------------------------------------------------------------
+
+    def _dashboard(self, name: str, namespace: str) -> str | None:
+        cluster = local_cluster_name(name)
+        if not self.cluster_status(cluster, namespace).head_ready:  # type: ignore[attr-defined]
+            return None
+        try:
+            return self.dashboard_url(cluster, namespace)  # type: ignore[attr-defined]
+        except FatalError:
+            return None
+
+    def serve_details(self, name: str, namespace: str) -> dict[str, Any] | None:
+        """Serve's ``GET /api/serve/applications/`` on the service's cluster; ``None`` when unreachable."""
+        dashboard = self._dashboard(name, namespace)
+        if dashboard is None:
+            return None
+        try:
+            code, body = _http("GET", dashboard + SERVE_APPLICATIONS_ENDPOINT, timeout=10)
+        except OSError as exc:
+            log.debug("Serve on %s/%s unreachable: %s", namespace, name, exc)
+            return None
+        if code != 200:
+            log.debug("Serve on %s/%s answered %s: %s", namespace, name, code, body[:200])
+            return None
+        return json.loads(body)
+
+    def _submit_config(self, stored: dict[str, Any], serve_port: int) -> dict[str, Any]:
+        """The Serve config KubeRay would PUT, with a local HTTP proxy on the head only."""
+        config = parse_serve_config((stored.get("spec") or {}).get("serveConfigV2"))
+        http_options = dict(config.get("http_options") or {})
+        http_options.update({"host": "127.0.0.1", "port": serve_port})
+        return {**config, "http_options": http_options, "proxy_location": "HeadOnly"}
+
+    def _reconcile(self, name: str, namespace: str) -> None:
+        """PUT the spec's Serve config when Serve has not got it yet (or lost it), like KubeRay's reconcile."""
+        with self._service_lock(name, namespace):
+            stored = self._stored(name, namespace)
+            if stored is None:
+                return
+            state = self._serve_state(name, namespace)
+            generation = stored["metadata"]["generation"]
+            dashboard = self._dashboard(name, namespace)
+            if dashboard is None:
+                return
+            if state.get("submitted_generation") == generation:
+                details = self.serve_details(name, namespace)
+                if details is None or (details.get("applications") or {}):
+                    return
+                log.info("Serve on local RayService %s/%s has no applications (head restarted?); submitting again",
+                         namespace, name)
+            config = self._submit_config(stored, int(state["serve_port"]))
+            before = self._app_states(name, namespace)
+            try:
+                code, body = _http("PUT", dashboard + SERVE_APPLICATIONS_ENDPOINT, config, timeout=60)
+            except OSError as exc:  # the dashboard restarts: the next status read submits again
+                log.warning("Could not submit the Serve config of local RayService %s/%s: %s", namespace, name, exc)
+                return
+            if code == 200:
+                self._await_pickup(name, namespace, [a.get("name") for a in config.get("applications") or []], before)
+            if code != 200:
+                # Serve refused the config (e.g. an invalid field): record it as a failed deploy.
+                state["submit_error"] = body.decode(errors="replace")[-2000:]
+                log.warning("Serve refused the config of local RayService %s/%s (%s): %s", namespace, name, code,
+                            state["submit_error"])
+            else:
+                state.pop("submit_error", None)
+                log.info("Submitted the Serve config of local RayService %s/%s (generation %s)", namespace, name,
+                         generation)
+            state["submitted_generation"] = generation
+            _write_json(self.service_dir(name, namespace) / SERVE_STATE_FILE, state)
+
+    def _app_states(self, name: str, namespace: str) -> dict[str, tuple[str, str]]:
+        details = self.serve_details(name, namespace) or {}
+        return {app: (info.get("status", ""), info.get("message", ""))
+                for app, info in (details.get("applications") or {}).items()}
+
+    def _await_pickup(self, name: str, namespace: str, apps: list[Any], before: dict[str, tuple[str, str]],
+                      timeout: float = PICKUP_SECONDS) -> None:
+        """Wait until Serve's controller has taken up a config it accepted.
+
+        Serve stores a PUT config at once but changes the applications' status in its next
+        control loop, so until then the previous config's status (RUNNING, or DEPLOY_FAILED
+        of a broken version) would be read as the new one's.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = self._app_states(name, namespace)
+            if all(app in now and now[app] != before.get(app) for app in apps):
+                return
+            time.sleep(0.1)
+
+    # -- status -------------------------------------------------------------------------------
+
+    def _synthesise(self, name: str, namespace: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None,
+                                                              dict[str, Any] | None]:
+        """The RayService with a KubeRay-like status, its (active) cluster, and Serve's applications."""
+        stored = self._stored(name, namespace)
+        if stored is None:
+            return None, None, None
+        service = copy.deepcopy(stored)
+        state = self._serve_state(name, namespace)
+        cluster_name = local_cluster_name(name)
+        cluster = self.get_cluster(cluster_name, namespace)  # type: ignore[attr-defined]
+        details = self.serve_details(name, namespace) if cluster is not None else None
+        applications = (details or {}).get("applications") or {}
+        statuses = {
+            app: {
+                "status": info.get("status", ""),
+                "message": info.get("message", ""),
+                "serveDeploymentStatuses": {
+                    dep: {"status": d.get("status", ""), "message": d.get("message", "")}
+                    for dep, d in (info.get("deployments") or {}).items()
+                },
+            }
+            for app, info in applications.items()
+        }
+        if state.get("submit_error") and state.get("submitted_generation") == stored["metadata"]["generation"]:
+            for app in parse_serve_config(stored["spec"].get("serveConfigV2")).get("applications") or []:
+                statuses[app.get("name", "?")] = {"status": "DEPLOY_FAILED",
+                                                  "message": f"Serve refused the config: {state['submit_error']}"}
+        proxies = (details or {}).get("proxies") or {}
+        serving = any((p or {}).get("status") == "HEALTHY" for p in proxies.values()) and bool(statuses)
+        service["status"] = {
+            "observedGeneration": stored["metadata"]["generation"],
+            "conditions": [
+                {"type": "Ready", "status": "True" if serving else "False",
+                 "reason": "NonZeroServeEndpoints" if serving else "ZeroServeEndpoints"},
+                {"type": "UpgradeInProgress", "status": "False", "reason": "NoPendingCluster"},
+            ],
+            "activeServiceStatus": {"rayClusterName": cluster_name, "applicationStatuses": statuses}
+            if cluster is not None else {},
+        }
+        active = {"metadata": {"name": cluster_name, "namespace": namespace},
+                  "spec": (stored.get("spec") or {}).get("rayClusterConfig") or {}} if cluster is not None else None
+        return service, active, applications if details is not None else None
+
+    def get_service(self, name: str, namespace: str) -> dict[str, Any] | None:
+        return self._synthesise(name, namespace)[0]
+
+    def service_status(self, name: str, namespace: str, version: str | None = None) -> ServiceStatus:
+        self._reconcile(name, namespace)
+        service, active, applications = self._synthesise(name, namespace)
+        if service is not None and active is None:
+            status = read_ray_service(service, version=version)
+            cluster = self.cluster_status(local_cluster_name(name), namespace)  # type: ignore[attr-defined]
+            return ServiceStatus(**{**status.__dict__, "message": f"local RayCluster: {cluster.message}"})
+        return read_ray_service(service, active_cluster=active, serve_applications=applications, version=version)
+
+    async def aservice_status(self, name: str, namespace: str, version: str | None = None) -> ServiceStatus:
+        return await asyncio.to_thread(self.service_status, name, namespace, version)
+
+    async def watch_service(
+        self, name: str, namespace: str, version: str | None = None, poll_interval: float = SERVE_POLL_SECONDS
+    ) -> AsyncIterator[ServiceStatus]:
+        """Yield the status now and whenever it changes.
+
+        There is no watch API locally: Serve's REST API is polled every
+        ``min(poll_interval, 1)`` seconds; each poll also submits a config Serve lacks.
+        """
+        interval = min(poll_interval, SERVE_POLL_SECONDS)
+        last: ServiceStatus | None = None
+        while True:
+            status = await self.aservice_status(name, namespace, version)
+            if status != last:
+                last = status
+                yield status
+            await asyncio.sleep(interval)
+
+    def diagnose_service(self, name: str, namespace: str, version: str | None = None,
+                         waited: float | None = None) -> str:
+        status = self.service_status(name, namespace, version)
+        service, _, applications = self._synthesise(name, namespace)
+        if service is None:
+            return status.message
+        return diagnose_ray_service(
+            status,
+            waited=waited,
+            serve_applications=applications,
+            cluster_diagnosis=self.diagnose(local_cluster_name(name), namespace),  # type: ignore[attr-defined]
+            config_problems=service_config_problems(service),
+        )
+
+    async def adiagnose_service(self, name: str, namespace: str, version: str | None = None,
+                                waited: float | None = None) -> str:
+        return await asyncio.to_thread(self.diagnose_service, name, namespace, version, waited)
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    def serve_url(self, name: str, namespace: str) -> str:
+        state = self._serve_state(name, namespace)
+        if "serve_port" not in state:
+            raise FatalError(f"RayService {name!r} does not exist in namespace {namespace!r} on the local backend")
+        return f"http://127.0.0.1:{state['serve_port']}"
+
+    def serve_request(self, name: str, namespace: str, method: str, path: str,
+                      body: Any = None, timeout: float = 30.0) -> tuple[int, bytes]:
+        return _http(method, self.serve_url(name, namespace) + "/" + path.lstrip("/"), body, timeout)
+
+

@@ -1,0 +1,239 @@
+"""The Ray Jobs REST API of a cluster's dashboard, wherever the dashboard is.
+
+Sync calls use Ray's own ``JobSubmissionClient`` (it also uploads ``py_modules`` and
+``working_dir`` packages). On Kubernetes the dashboard is reached, by default,
+through the API server's service proxy: every request then goes through the
+Kubernetes client's own authenticated transport, so tokens, exec plugins, client
+certificates and refreshed GKE tokens all work and no credential is copied anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
+from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobDetails, JobSubmissionClient
+
+    from airflow_provider_raytpu.backends.base import ClusterBackend
+
+METADATA_PREFIX = "raytpu."
+ACTIVE = frozenset({"PENDING", "RUNNING"})
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """Which Airflow task try a Ray job belongs to; carried as job metadata.
+
+    :param dag_id: the DAG id.
+    :param task_id: the task id.
+    :param run_id: the DAG run id.
+    :param map_index: the map index (-1 when not mapped).
+    :param try_number: the Airflow try that submitted the job.
+    """
+
+    dag_id: str
+    task_id: str
+    run_id: str
+    map_index: int
+    try_number: int
+
+    @property
+    def task_key(self) -> str:
+        text = json.dumps([self.dag_id, self.task_id, self.run_id, self.map_index])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def submission_id(self) -> str:
+        """Deterministic per task try, so a resubmitted request cannot start a second job."""
+        return f"raytpu-{self.task_key}-try{self.try_number}"
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            f"{METADATA_PREFIX}task_key": self.task_key,
+            f"{METADATA_PREFIX}dag_id": self.dag_id,
+            f"{METADATA_PREFIX}task_id": self.task_id,
+            f"{METADATA_PREFIX}run_id": self.run_id,
+            f"{METADATA_PREFIX}map_index": str(self.map_index),
+            f"{METADATA_PREFIX}try_number": str(self.try_number),
+        }
+
+
+def _job_client_class() -> type[JobSubmissionClient]:
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient
+
+
+def proxied_job_client(api_client: Any, base_path: str) -> JobSubmissionClient:
+    """A ``JobSubmissionClient`` whose requests go through a Kubernetes ``ApiClient``.
+
+    :param api_client: an authenticated ``kubernetes.client.ApiClient``.
+    :param base_path: the service-proxy path of the dashboard on the API server.
+    """
+    import requests
+    from kubernetes.client.rest import ApiException
+
+    class ProxiedJobSubmissionClient(_job_client_class()):  # type: ignore[misc]
+        def _do_request(self, method: str, endpoint: str, *, data: bytes | None = None,
+                        json_data: dict | None = None, **kwargs: Any) -> requests.Response:
+            headers = {"Accept": "application/json"}
+            if data is not None:
+                headers["Content-Type"] = "application/octet-stream"
+            answer = requests.Response()
+            try:
+                raw = api_client.call_api(
+                    base_path + endpoint, method, header_params=headers,
+                    body=data if data is not None else json_data, auth_settings=["BearerToken"],
+                    _preload_content=False, _return_http_data_only=True,
+                )
+                answer.status_code, answer._content = raw.status, raw.data
+            except ApiException as exc:
+                body = exc.body if isinstance(exc.body, bytes) else (exc.body or "").encode()
+                answer.status_code, answer._content = exc.status, body
+            answer.url = base_path + endpoint
+            return answer
+
+    host = api_client.configuration.host.rstrip("/")
+    return ProxiedJobSubmissionClient(address=host + base_path)
+
+
+class RayJobsHook(BaseHook):
+    """Submit, find, follow and stop Ray jobs on one cluster.
+
+    :param cluster_name: the RayCluster's name.
+    :param namespace: its namespace; default: the connection's.
+    :param raytpu_conn_id: the ``raytpu`` connection.
+    """
+
+    def __init__(self, cluster_name: str, namespace: str | None = None,
+                 raytpu_conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cluster_name = cluster_name
+        self.raytpu_conn_id = raytpu_conn_id
+        self._namespace = namespace
+
+    @cached_property
+    def cluster_hook(self) -> RayTpuHook:
+        return RayTpuHook(self.raytpu_conn_id)
+
+    @property
+    def backend(self) -> ClusterBackend:
+        return self.cluster_hook.backend
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace or self.cluster_hook.settings.namespace
+
+    @cached_property
+    def dashboard_url(self) -> str:
+        return self.backend.dashboard_url(self.cluster_name, self.namespace)
+
+    @property
+    def uses_api_server_proxy(self) -> bool:
+        return self.cluster_hook.settings.backend != "local" and self.cluster_hook.settings.dashboard == "proxy"
+
+    @property
+    def browser_url(self) -> str | None:
+        """The dashboard as a browser can open it, or ``None`` behind the API server proxy."""
+        return None if self.uses_api_server_proxy else self.dashboard_url
+
+    @cached_property
+    def client(self) -> JobSubmissionClient:
+        if self.uses_api_server_proxy:
+            backend = self.backend
+            path = backend.dashboard_proxy_path(self.cluster_name, self.namespace)  # type: ignore[attr-defined]
+            return proxied_job_client(backend.api_client, path)  # type: ignore[attr-defined]
+        return _job_client_class()(address=self.dashboard_url)
+
+    def get_conn(self) -> JobSubmissionClient:
+        return self.client
+
+    # -- sync -------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        identity: JobIdentity,
+        entrypoint: str,
+        *,
+        runtime_env: Mapping[str, Any] | None = None,
+        entrypoint_num_cpus: float | None = None,
+        entrypoint_resources: Mapping[str, float] | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> str:
+        """Submit a job under the try's deterministic submission id; a repeat finds the same job."""
+        try:
+            return self.client.submit_job(
+                entrypoint=entrypoint,
+                submission_id=identity.submission_id,
+                runtime_env=dict(runtime_env or {}),
+                metadata={**(metadata or {}), **identity.metadata()},
+                entrypoint_num_cpus=entrypoint_num_cpus,
+                entrypoint_resources=dict(entrypoint_resources) if entrypoint_resources else None,
+            )
+        except RuntimeError as exc:
+            if "already exists" not in str(exc):
+                raise
+            return identity.submission_id
+
+    def find_jobs(self, identity: JobIdentity) -> list[JobDetails]:
+        """This task's jobs (any try), newest try first."""
+        key = identity.metadata()[f"{METADATA_PREFIX}task_key"]
+        mine = [j for j in self.client.list_jobs() if (j.metadata or {}).get(f"{METADATA_PREFIX}task_key") == key]
+        return sorted(mine, key=lambda j: int(j.metadata.get(f"{METADATA_PREFIX}try_number", 0)), reverse=True)
+
+    def status(self, submission_id: str) -> tuple[str, str]:
+        info = self.client.get_job_info(submission_id)
+        return str(info.status), info.message or ""
+
+    def logs(self, submission_id: str) -> str:
+        return self.client.get_job_logs(submission_id)
+
+    def stop(self, submission_id: str) -> bool:
+        return self.client.stop_job(submission_id)
+
+    # -- async (triggers) -------------------------------------------------------------------
+
+    async def _abackend(self) -> ClusterBackend:
+        if "_async_backend" not in self.__dict__:
+            self.__dict__["_async_backend"] = await self.cluster_hook.abackend()
+        return self.__dict__["_async_backend"]
+
+    async def _arequest(self, method: str, endpoint: str) -> Any:
+        backend = await self._abackend()
+        namespace = self._namespace or backend.settings.namespace
+        if backend.settings.backend != "local" and backend.settings.dashboard == "proxy":
+            path = backend.dashboard_proxy_path(self.cluster_name, namespace) + endpoint  # type: ignore[attr-defined]
+            async with backend.async_api_client() as api_client:  # type: ignore[attr-defined]
+                raw = await api_client.call_api(
+                    path, method, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+                    _preload_content=False, _return_http_data_only=True,
+                )
+                return json.loads(await raw.read())
+        import aiohttp
+
+        base = await asyncio.to_thread(backend.dashboard_url, self.cluster_name, namespace)
+        async with aiohttp.ClientSession() as session:
+            async with session.request(method, base + endpoint) as answer:
+                answer.raise_for_status()
+                return await answer.json(content_type=None)
+
+    async def astatus(self, submission_id: str) -> tuple[str, str]:
+        info = await self._arequest("GET", f"/api/jobs/{submission_id}")
+        return info["status"], info.get("message") or ""
+
+    async def alogs(self, submission_id: str) -> str:
+        return (await self._arequest("GET", f"/api/jobs/{submission_id}/logs"))["logs"]
+
+    async def astop(self, submission_id: str) -> bool:
+        return bool((await self._arequest("POST", f"/api/jobs/{submission_id}/stop")).get("stopped"))

@@ -1,0 +1,314 @@
+"""The RayService custom resource: a TPU RayCluster config plus a Ray Serve config, versioned.
+
+``rayClusterConfig`` is the spec :func:`build_ray_cluster` renders for the same
+:class:`TpuSlice`; ``serveConfigV2`` comes from :func:`build_serve_config` (with its
+preflight). Only fields that exist in KubeRay v1.5.0 are rendered.
+
+How a model version is recorded, and how a reader tells the clusters apart:
+
+- ``raytpu.dev/model-version`` on the RayService: the version its spec asks for;
+  ``raytpu.dev/version-history``: the versions deployed, a JSON list, newest last.
+- The same ``raytpu.dev/model-version`` annotation on the head and TPU host pod
+  templates inside ``rayClusterConfig`` (unless ``in_place``). KubeRay starts a
+  pending cluster only when ``rayClusterConfig`` changes, and copies it verbatim into
+  the RayCluster it creates; so writing the version there gives a zero-downtime switch
+  to a fresh slice, and every RayCluster carries the version it was created for. The
+  active cluster runs the requested version exactly when its head pod template says
+  the version the RayService's ``rayClusterConfig`` says.
+- ``raytpu.dev/update``: how the latest change reaches the service: ``created``,
+  ``new-cluster`` (``rayClusterConfig`` changed) or ``in-place`` (only
+  ``serveConfigV2`` changed, applied on the running cluster). After an in-place
+  change the only proof that the active cluster runs it is Serve's own record of the
+  deployed config (``deployed_app_config``), which readers then consult.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.manifests.merge import merge_fragment
+from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, label_value, resource_name
+from airflow_provider_raytpu.manifests.raycluster import (
+    API_VERSION,
+    DAG_ID_KEY,
+    DEFAULT_IMAGE,
+    KEY_PREFIX,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    RUN_ID_KEY,
+    SPEC_HASH_ANNOTATION,
+    TASK_ID_KEY,
+    TPU_SLICE_ANNOTATION,
+    AirflowOrigin,
+    build_ray_cluster,
+    spec_hash,
+)
+from airflow_provider_raytpu.manifests.serveconfig import ServeApplication, build_serve_config
+from airflow_provider_raytpu.tpu import TpuSlice
+
+MODEL_VERSION_ANNOTATION = KEY_PREFIX + "model-version"
+VERSION_HISTORY_ANNOTATION = KEY_PREFIX + "version-history"
+UPDATE_ANNOTATION = KEY_PREFIX + "update"
+CREATED, NEW_CLUSTER, IN_PLACE = "created", "new-cluster", "in-place"
+HISTORY_LIMIT = 10
+VERSION_LIMIT = 1024
+UPGRADE_STRATEGIES = ("NewCluster", "None")
+SERVE_SERVICE_SUFFIX = "-serve-svc"
+SERVE_PORT_NAME = "serve"
+
+
+def serve_service_name(service_name: str) -> str:
+    """The Kubernetes Service KubeRay puts in front of the active cluster's Serve proxies."""
+    return f"{service_name}{SERVE_SERVICE_SUFFIX}"
+
+
+def parse_version(value: Any, field: str = "version") -> str:
+    """A model version as it is recorded: a non-empty string such as ``v7`` or a checkpoint URI."""
+    text = str(value).strip() if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
+    if text in ("", "None"):
+        raise InvalidInputError(
+            field, value, "is not a model version",
+            "Give a version string, e.g. 'v7' or the checkpoint URI the training task returned "
+            "(\"{{ ti.xcom_pull('train')['checkpoint_uri'] }}\")",
+        )
+    if len(text) > VERSION_LIMIT:
+        raise InvalidInputError(field, text[:40] + "...", f"is longer than {VERSION_LIMIT} characters",
+                                "Use a shorter version, e.g. a checkpoint step or a short URI")
+    return text
+
+
+def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
+    return ((obj or {}).get("metadata") or {}).get("annotations") or {}
+
+
+def service_version(service: Mapping[str, Any] | None) -> str | None:
+    """The version a RayService's spec asks for."""
+    return _annotations(service).get(MODEL_VERSION_ANNOTATION)
+
+
+def version_history(service: Mapping[str, Any] | None) -> list[str]:
+    """The versions deployed to a RayService, oldest first (empty when unreadable)."""
+    text = _annotations(service).get(VERSION_HISTORY_ANNOTATION)
+    try:
+        history = json.loads(text) if text else []
+    except ValueError:
+        return []
+    return [str(v) for v in history] if isinstance(history, list) else []
+
+
+def cluster_spec_version(cluster_spec: Mapping[str, Any] | None) -> str | None:
+    """The version recorded on the head pod template of a RayCluster spec (or a ``rayClusterConfig``)."""
+    template = ((cluster_spec or {}).get("headGroupSpec") or {}).get("template") or {}
+    return ((template.get("metadata") or {}).get("annotations") or {}).get(MODEL_VERSION_ANNOTATION)
+
+
+def cluster_version(cluster: Mapping[str, Any] | None) -> str | None:
+    """The version a RayCluster (made by KubeRay from a RayService) was created for."""
+    return cluster_spec_version((cluster or {}).get("spec"))
+
+
+def update_kind(service: Mapping[str, Any] | None) -> str | None:
+    """How the latest change reaches the service: ``created``, ``new-cluster`` or ``in-place``."""
+    return _annotations(service).get(UPDATE_ANNOTATION)
+
+
+def rollback_target(service: Mapping[str, Any]) -> str:
+    """The version before the current one in the history (like ``kubectl rollout undo``, rolling back twice toggles).
+
+    :raises InvalidInputError: the history has no earlier version.
+    """
+    current = service_version(service)
+    history = version_history(service)
+    for version in reversed(history):
+        if version != current:
+            return version
+    name = (service.get("metadata") or {}).get("name")
+    raise InvalidInputError(
+        "rollback", True,
+        f"RayService {name!r} has no earlier version to roll back to (history: {history}, current: {current!r})",
+        "Promote a version explicitly with version=...",
+    )
+
+
+def next_history(history: Sequence[str], version: str, limit: int = HISTORY_LIMIT) -> list[str]:
+    """The history after deploying ``version``: appended unless it is already the newest, bounded to ``limit``."""
+    entries = list(history)
+    if not entries or entries[-1] != version:
+        entries.append(version)
+    return entries[-limit:]
+
+
+def _with_version(fragment: Mapping[str, Any] | None, version: str) -> dict[str, Any]:
+    return merge_fragment(dict(fragment or {}), {"metadata": {"annotations": {MODEL_VERSION_ANNOTATION: version}}})
+
+
+def build_ray_service(
+    *,
+    name: str,
+    namespace: str,
+    tpu: TpuSlice,
+    applications: Sequence[ServeApplication | Mapping[str, Any]],
+    version: str,
+    current: Mapping[str, Any] | None = None,
+    in_place: bool = False,
+    upgrade_strategy: str = "NewCluster",
+    serve_options: Mapping[str, Any] | None = None,
+    image: str = DEFAULT_IMAGE,
+    ray_version: str | None = None,
+    head_resources: Mapping[str, Any] | None = None,
+    worker_resources: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    head_ray_start_params: Mapping[str, Any] | None = None,
+    worker_ray_start_params: Mapping[str, Any] | None = None,
+    service_account_name: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    origin: AirflowOrigin | None = None,
+    head_pod_template: Mapping[str, Any] | None = None,
+    worker_pod_template: Mapping[str, Any] | None = None,
+    cluster_deletion_delay_seconds: int | None = None,
+    history_limit: int = HISTORY_LIMIT,
+) -> dict[str, Any]:
+    """Render a ray.io/v1 RayService serving ``applications`` at ``version`` on one slice shape.
+
+    :param name: the RayService's name; normalised to an RFC 1123 label of at most 47 characters.
+    :param namespace: the Kubernetes namespace.
+    :param tpu: the slice shape of the serving cluster's TPU worker group.
+    :param applications: the Serve applications (see :class:`ServeApplication`).
+    :param version: the model version, e.g. a checkpoint URI; recorded as annotations and
+        written into each application's ``version_arg``.
+    :param current: the RayService as it exists now, if it does: the version history
+        continues from it, and ``in_place`` keeps its cluster's version.
+    :param in_place: change only ``serveConfigV2`` (KubeRay applies that on the running
+        cluster); by default the version also goes into the cluster config, so KubeRay
+        prepares a fresh cluster and switches to it when it serves.
+    :param upgrade_strategy: ``spec.upgradeStrategy.type``: ``NewCluster`` or ``None``.
+    :param serve_options: top-level Serve options (``http_options``, ``proxy_location``...).
+    :param image: the Ray image for head and TPU hosts.
+    :param ray_version: ``rayVersion``; taken from the image tag when omitted.
+    :param head_resources: cpu/memory of the head container.
+    :param worker_resources: cpu/memory of each TPU host container.
+    :param env: environment variables for every Ray container.
+    :param head_ray_start_params: extra ``ray start`` flags for the head.
+    :param worker_ray_start_params: extra ``ray start`` flags for the TPU hosts.
+    :param service_account_name: the pods' service account (Workload Identity reaches GCS).
+    :param labels: extra labels on the RayService (KubeRay copies them to its clusters).
+    :param annotations: extra annotations on the RayService.
+    :param origin: the Airflow task deploying it, recorded as labels and annotations.
+    :param head_pod_template: a fragment merged over the head pod template.
+    :param worker_pod_template: a fragment merged over each TPU host pod template.
+    :param cluster_deletion_delay_seconds: ``rayClusterDeletionDelaySeconds``: how long
+        KubeRay keeps the old cluster after a switch (its default is 60 s).
+    :param history_limit: how many versions the history annotation keeps.
+    :raises InvalidInputError: bad input, or a replica that cannot land on one slice.
+    """
+    name = resource_name(name, "service_name", RAY_SERVICE_NAME_LIMIT)
+    version = parse_version(version)
+    if upgrade_strategy not in UPGRADE_STRATEGIES:
+        raise InvalidInputError(
+            "upgrade_strategy", upgrade_strategy, "is not a KubeRay v1.5 upgrade strategy",
+            f"Write one of {', '.join(repr(s) for s in UPGRADE_STRATEGIES)}",
+        )
+    if upgrade_strategy == "None" and not in_place:
+        raise InvalidInputError(
+            "upgrade_strategy", upgrade_strategy,
+            "makes KubeRay ignore rayClusterConfig changes, so a promotion that writes the version into the "
+            "cluster config would never reach the active cluster",
+            "Set in_place=True (update only the Serve config on the running cluster), or keep "
+            "upgrade_strategy='NewCluster'",
+        )
+    current_spec = (current or {}).get("spec") or {}
+    kept = cluster_spec_version(current_spec.get("rayClusterConfig")) if in_place else None
+    at_cluster = kept or version
+    cluster = build_ray_cluster(
+        name=name,
+        namespace=namespace,
+        tpu=tpu,
+        image=image,
+        ray_version=ray_version,
+        head_resources=head_resources,
+        worker_resources=worker_resources,
+        env=env,
+        head_ray_start_params=head_ray_start_params,
+        worker_ray_start_params=worker_ray_start_params,
+        service_account_name=service_account_name,
+        head_pod_template=_with_version(head_pod_template, at_cluster),
+        worker_pod_template=_with_version(worker_pod_template, at_cluster),
+    )
+    serve = build_serve_config(applications, tpu, version=version, options=serve_options)
+    spec: dict[str, Any] = {
+        "upgradeStrategy": {"type": upgrade_strategy},
+        "serveConfigV2": serve.yaml_text,
+        "rayClusterConfig": cluster["spec"],
+    }
+    if cluster_deletion_delay_seconds is not None:
+        spec["rayClusterDeletionDelaySeconds"] = int(cluster_deletion_delay_seconds)
+
+    if current is None:
+        update = CREATED
+    elif spec_hash(current_spec.get("rayClusterConfig") or {}) == spec_hash(spec["rayClusterConfig"]):
+        update = IN_PLACE if current_spec.get("serveConfigV2") != spec["serveConfigV2"] else (
+            update_kind(current) or CREATED)
+    else:
+        update = NEW_CLUSTER
+    all_labels = {MANAGED_BY_LABEL: MANAGED_BY, **(labels or {})}
+    all_annotations = {
+        **(annotations or {}),
+        TPU_SLICE_ANNOTATION: json.dumps(tpu.to_dict(), sort_keys=True),
+        MODEL_VERSION_ANNOTATION: version,
+        VERSION_HISTORY_ANNOTATION: json.dumps(next_history(version_history(current), version, history_limit)),
+        UPDATE_ANNOTATION: update,
+    }
+    if origin:
+        all_labels.update({DAG_ID_KEY: label_value(origin.dag_id), TASK_ID_KEY: label_value(origin.task_id),
+                           RUN_ID_KEY: label_value(origin.run_id)})
+        all_annotations.update({DAG_ID_KEY: origin.dag_id, TASK_ID_KEY: origin.task_id, RUN_ID_KEY: origin.run_id})
+    all_annotations[SPEC_HASH_ANNOTATION] = spec_hash(spec)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "RayService",
+        "metadata": {"name": name, "namespace": namespace, "labels": all_labels, "annotations": all_annotations},
+        "spec": spec,
+    }
+
+
+def ray_cluster_of(service: Mapping[str, Any], cluster_name: str) -> dict[str, Any]:
+    """A RayCluster manifest with the RayService's ``rayClusterConfig`` and slice annotation.
+
+    The version annotations are left out of its pod templates, so every version maps to
+    the same cluster (the local backend redeploys Serve on it instead of starting another).
+
+    :param service: the RayService.
+    :param cluster_name: the RayCluster's name.
+    """
+    spec = json.loads(json.dumps((service.get("spec") or {}).get("rayClusterConfig") or {}))
+    for template in [(spec.get("headGroupSpec") or {}).get("template") or {}] + [
+        (group.get("template") or {}) for group in spec.get("workerGroupSpecs") or []
+    ]:
+        notes = (template.get("metadata") or {}).get("annotations")
+        if notes is not None:
+            notes.pop(MODEL_VERSION_ANNOTATION, None)
+            if not notes:
+                template["metadata"].pop("annotations")
+            if not template["metadata"]:
+                template.pop("metadata")
+    metadata = service.get("metadata") or {}
+    source = _annotations(service)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "RayCluster",
+        "metadata": {
+            "name": cluster_name,
+            "namespace": metadata.get("namespace", "default"),
+            "labels": {**(metadata.get("labels") or {}), "ray.io/originated-from-cr-name": metadata.get("name", "")},
+            "annotations": {
+                **{k: v for k, v in source.items() if k in (TPU_SLICE_ANNOTATION, DAG_ID_KEY, RUN_ID_KEY, TASK_ID_KEY)},
+                SPEC_HASH_ANNOTATION: spec_hash(spec),
+            },
+        },
+        "spec": spec,
+    }
+

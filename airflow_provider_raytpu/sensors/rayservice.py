@@ -1,0 +1,225 @@
+"""Wait until a RayService serves a model version; fail fast when it cannot."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
+from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
+from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, resource_name
+from airflow_provider_raytpu.operators.base import ServiceTaskMixin, fail_fast
+from airflow_provider_raytpu.status import ServicePhase, ServiceStatus
+from airflow_provider_raytpu.triggers.rayservice import DEPLOYING_TIMEOUT, DeployingClock, RayServiceRunningTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+SMOKE_METHODS = ("GET", "POST", "PUT")
+SMOKE_RETRY_SECONDS = 2.0
+BODY_LIMIT = 2000
+
+
+class DeployingTooLong(AirflowSensorTimeout):
+    """An application stayed DEPLOYING longer than ``deploying_timeout``."""
+
+
+def parse_smoke_request(value: Any) -> dict[str, Any] | None:
+    """Check ``smoke_request``: ``{"path": "/health", "method": "GET"}`` or with ``"json": {...}``."""
+    if value is None:
+        return None
+    fix = "Write e.g. {'path': '/v1/chat/completions', 'method': 'POST', 'json': {...}} or {'path': '/health'}"
+    if not isinstance(value, Mapping):
+        raise InvalidInputError("smoke_request", value, "is not a dict", fix)
+    if unknown := sorted(set(value) - {"path", "method", "json"}):
+        raise InvalidInputError("smoke_request", unknown, "are not smoke request fields", "Use only path, method, json")
+    path = value.get("path")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise InvalidInputError("smoke_request.path", path, "is not an HTTP path", fix)
+    method = str(value.get("method") or ("POST" if value.get("json") is not None else "GET")).upper()
+    if method not in SMOKE_METHODS:
+        raise InvalidInputError("smoke_request.method", value.get("method"), "is not a supported method",
+                                f"Write one of {', '.join(SMOKE_METHODS)}")
+    return {"path": path, "method": method, "json": value.get("json")}
+
+
+class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
+    """Succeed when the RayService's active cluster serves ``version`` with every application RUNNING.
+
+    Success needs KubeRay's ``Ready`` condition, no ``UpgradeInProgress``, and the ACTIVE
+    cluster being the one made for the requested version (each cluster carries the version
+    it was made for), so the old cluster, still serving during a switch, never counts.
+    Fails at once when an application on the cluster meant to serve the version is
+    DEPLOY_FAILED or UNHEALTHY, with Serve's message. With ``deploying_timeout``, an
+    application DEPLOYING longer than that fails the task with a diagnosis: which
+    deployment, how many replicas wait, whether the cluster's slices are ready, and
+    whether a replica lacks a TPU topology. Deferrable by default (the triggerer watches
+    the RayService); poke mode works too.
+
+    Optionally a smoke request is sent once it runs: ``{"path": "/health"}`` or
+    ``{"path": "/v1/chat/completions", "method": "POST", "json": {...}}``; it must answer
+    2xx (on Kubernetes through the API server's service proxy of ``<name>-serve-svc``,
+    with the connection's own credentials) and its JSON answer is returned as ``smoke``.
+    Returns the service's status.
+
+    :param service_name: the RayService's name.
+    :param version: the version to wait for; default: the one the RayService's spec asks for.
+    :param namespace: the namespace; default: the connection's.
+    :param raytpu_conn_id: the ``raytpu`` connection.
+    :param deploying_timeout: seconds an application may stay DEPLOYING; ``None``: only ``timeout``.
+    :param smoke_request: an HTTP request that must answer 2xx once the service runs.
+    :param smoke_timeout: seconds to keep retrying the smoke request while it does not answer 2xx.
+    :param deferrable: wait in the triggerer instead of a worker slot.
+    :param poll_interval: seconds between checks when not deferred, or when watching fails.
+    :param timeout: seconds to wait in all before failing with a diagnosis.
+    """
+
+    template_fields: Sequence[str] = ("service_name", "version", "namespace", "raytpu_conn_id", "smoke_request")
+    template_fields_renderers = {"smoke_request": "json"}
+    ui_color = "#e6f4ea"
+
+    def __init__(
+        self,
+        *,
+        service_name: str,
+        version: str | None = None,
+        namespace: str | None = None,
+        raytpu_conn_id: str = DEFAULT_CONN_ID,
+        deploying_timeout: float | None = None,
+        smoke_request: Mapping[str, Any] | None = None,
+        smoke_timeout: float = 60.0,
+        deferrable: bool = True,
+        poll_interval: float = 10.0,
+        timeout: float = 3600.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(poke_interval=poll_interval, timeout=timeout, **kwargs)
+        self.service_name = service_name
+        self.version = version
+        self.namespace = namespace
+        self.raytpu_conn_id = raytpu_conn_id
+        self.deploying_timeout = deploying_timeout
+        self.smoke_request = smoke_request
+        self.smoke_timeout = smoke_timeout
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self._clock = DeployingClock(deploying_timeout)
+
+    def _target(self) -> tuple[str, str, str | None]:
+        with fail_fast():
+            version = self.version if self.version not in ("", "None") else None
+            parse_smoke_request(self.smoke_request)
+            return (resource_name(self.service_name, "service_name", RAY_SERVICE_NAME_LIMIT),
+                    self.resolved_namespace(), version)
+
+    def _finish(self, status: ServiceStatus, name: str, namespace: str) -> dict[str, Any] | None:
+        where = f"RayService {namespace}/{name}"
+        if status.phase is ServicePhase.RUNNING:
+            self.log.info("%s is running: %s", where, status.message)
+            result = status.to_dict()
+            if smoke := parse_smoke_request(self.smoke_request):
+                result["smoke"] = self._smoke(smoke, name, namespace)
+            return result
+        if status.phase in (ServicePhase.FAILED, ServicePhase.UNHEALTHY):
+            raise AirflowFailException(f"{where} {status.phase.value}: {status.message}")
+        if status.phase is ServicePhase.GONE:
+            raise AirflowException(f"{where} is gone: {status.message}")
+        return None
+
+    def _smoke(self, smoke: dict[str, Any], name: str, namespace: str) -> dict[str, Any]:
+        """Send the smoke request until it answers 2xx or ``smoke_timeout`` passes (routes take a moment)."""
+        deadline = time.monotonic() + self.smoke_timeout
+        backend = self.service_backend
+        while True:
+            try:
+                code, body = backend.serve_request(name, namespace, smoke["method"], smoke["path"], smoke["json"])
+            except OSError as exc:
+                code, body = 0, str(exc).encode()
+            if 200 <= code < 300:
+                try:
+                    answer: Any = json.loads(body) if body else None
+                except ValueError:
+                    answer = body.decode(errors="replace")[:BODY_LIMIT]
+                self.log.info("Smoke request %s %s answered %s", smoke["method"], smoke["path"], code)
+                return {"status": code, "json": answer}
+            if time.monotonic() > deadline:
+                raise AirflowFailException(
+                    f"RayService {namespace}/{name} runs, but the smoke request {smoke['method']} {smoke['path']} "
+                    f"answered {code or 'nothing'} for {self.smoke_timeout:.0f} s: "
+                    f"{body.decode(errors='replace')[:BODY_LIMIT]}"
+                )
+            self.log.info("Smoke request %s %s answered %s; retrying", smoke["method"], smoke["path"], code)
+            time.sleep(SMOKE_RETRY_SECONDS)
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        name, namespace, version = self._target()
+        with fail_fast():
+            status = self.service_backend.service_status(name, namespace, version)
+        done = self._finish(status, name, namespace)
+        if done is None:
+            self.log.info("RayService %s/%s: %s: %s", namespace, name, status.phase.value, status.message)
+            now = time.time()
+            self._clock.update(status, now)
+            if overdue := self._clock.overdue(now):
+                application, waited = overdue
+                diagnosis = self.service_backend.diagnose_service(name, namespace, version, waited)
+                raise DeployingTooLong(self._deploying_too_long(name, namespace, application, waited, diagnosis))
+        return PokeReturnValue(is_done=done is not None, xcom_value=done)
+
+    def execute(self, context: Context) -> dict[str, Any] | None:
+        name, namespace, version = self._target()
+        if not self.deferrable:
+            try:
+                return super().execute(context)
+            except DeployingTooLong:
+                raise
+            except AirflowSensorTimeout as exc:
+                diagnosis = self.service_backend.diagnose_service(name, namespace, version)
+                raise AirflowSensorTimeout(self._timed_out(name, namespace, diagnosis)) from exc
+        first = self.poke(context)
+        if first.is_done:
+            return first.xcom_value
+        self.log.info("RayService %s/%s does not serve the version yet; deferring", namespace, name)
+        self.defer(
+            trigger=RayServiceRunningTrigger(
+                service_name=name,
+                namespace=namespace,
+                raytpu_conn_id=self.raytpu_conn_id,
+                deadline=time.time() + self.timeout,
+                version=version,
+                deploying_timeout=self.deploying_timeout,
+                poll_interval=self.poll_interval,
+            ),
+            method_name="execute_complete",
+            # The trigger fires its own timeout with a diagnosis first; this is only a backstop.
+            timeout=timedelta(seconds=self.timeout + 120),
+        )
+        return None
+
+    def _timed_out(self, name: str, namespace: str, diagnosis: str) -> str:
+        return f"RayService {namespace}/{name} does not serve the version after {self.timeout:.0f} s.\n{diagnosis}"
+
+    def _deploying_too_long(self, name: str, namespace: str, application: str, waited: float, diagnosis: str) -> str:
+        return (f"RayService {namespace}/{name}: application {application!r} DEPLOYING for {waited:.0f} s, longer "
+                f"than deploying_timeout={self.deploying_timeout:.0f} s.\n{diagnosis}")
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        name, namespace = event["service_name"], event["namespace"]
+        if event["status"] == "TIMEOUT":
+            raise AirflowSensorTimeout(self._timed_out(name, namespace, event["diagnosis"]))
+        if event["status"] == DEPLOYING_TIMEOUT:
+            raise DeployingTooLong(
+                self._deploying_too_long(name, namespace, event["application"], event["waited"], event["diagnosis"])
+            )
+        if event["status"] == "ERROR":
+            raise AirflowFailException(event["message"])
+        with fail_fast():
+            done = self._finish(ServiceStatus.from_dict(event["service"]), name, namespace)
+        if done is None:
+            raise AirflowException(f"Unexpected event for RayService {namespace}/{name}: {event}")
+        return done

@@ -1,0 +1,171 @@
+"""Wait in the triggerer until a RayService serves a model version, fails, or is stuck deploying."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow_provider_raytpu.errors import FatalError
+from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
+from airflow_provider_raytpu.status import APP_DEPLOYING, ServiceStatus
+
+DEPLOYING_TIMEOUT = "DEPLOYING_TIMEOUT"
+
+
+class DeployingClock:
+    """How long each application has been DEPLOYING on the cluster meant to serve it.
+
+    An application's clock starts when it is first seen DEPLOYING there and stops when it
+    is anything else; time the cluster spends provisioning its slices does not count.
+
+    :param limit: seconds an application may stay DEPLOYING; ``None``: no limit.
+    """
+
+    def __init__(self, limit: float | None) -> None:
+        self.limit = limit
+        self.since: dict[str, float] = {}
+
+    def update(self, status: ServiceStatus, now: float) -> None:
+        role = "pending" if status.pending_cluster else "active"
+        deploying = {
+            f"{status.target_cluster}/{app.name}"
+            for app in status.applications_on(role)
+            if app.status == APP_DEPLOYING
+        }
+        self.since = {key: self.since.get(key, now) for key in deploying}
+
+    def overdue(self, now: float) -> tuple[str, float] | None:
+        """The application DEPLOYING longest, and for how long, once that is past the limit."""
+        if self.limit is None or not self.since:
+            return None
+        key = min(self.since, key=self.since.__getitem__)
+        waited = now - self.since[key]
+        return (key.split("/", 1)[1], waited) if waited >= self.limit else None
+
+    def seconds_left(self, now: float) -> float | None:
+        if self.limit is None or not self.since:
+            return None
+        return max(0.0, min(self.since.values()) + self.limit - now)
+
+
+class RayServiceRunningTrigger(BaseTrigger):
+    """Watch one RayService and fire when it serves ``version``, fails, is unhealthy, or is gone.
+
+    Fires ``DEPLOYING_TIMEOUT`` with a diagnosis when an application stays DEPLOYING
+    longer than ``deploying_timeout``, and ``TIMEOUT`` with a diagnosis at the deadline
+    (the trigger keeps its own deadline: an Airflow defer timeout would end it without a
+    word).
+
+    :param service_name: the RayService's name.
+    :param namespace: its namespace.
+    :param raytpu_conn_id: the ``raytpu`` connection.
+    :param deadline: when to give up, as a Unix timestamp.
+    :param version: the version to wait for; ``None``: the one the spec asks for.
+    :param deploying_timeout: seconds an application may stay DEPLOYING; ``None``: no limit.
+    :param poll_interval: seconds between reads when watching is not possible.
+    """
+
+    def __init__(
+        self,
+        service_name: str,
+        namespace: str,
+        raytpu_conn_id: str,
+        deadline: float,
+        version: str | None = None,
+        deploying_timeout: float | None = None,
+        poll_interval: float = 10.0,
+    ) -> None:
+        super().__init__()
+        self.service_name = service_name
+        self.namespace = namespace
+        self.raytpu_conn_id = raytpu_conn_id
+        self.deadline = deadline
+        self.version = version
+        self.deploying_timeout = deploying_timeout
+        self.poll_interval = poll_interval
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "service_name": self.service_name,
+                "namespace": self.namespace,
+                "raytpu_conn_id": self.raytpu_conn_id,
+                "deadline": self.deadline,
+                "version": self.version,
+                "deploying_timeout": self.deploying_timeout,
+                "poll_interval": self.poll_interval,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        where = {"service_name": self.service_name, "namespace": self.namespace, "version": self.version}
+        backend = None
+        try:
+            backend = await RayTpuHook(self.raytpu_conn_id).abackend()
+            async with asyncio.timeout(max(0.0, self.deadline - time.time())):
+                payload = await self._wait(backend)
+        except TimeoutError:
+            diagnosis = await backend.adiagnose_service(self.service_name, self.namespace, self.version)
+            payload = {"status": "TIMEOUT", "diagnosis": diagnosis}
+        except FatalError as exc:
+            payload = {"status": "ERROR", "message": str(exc)}
+        # The watch is closed before the event goes out: a consumer that takes only the first
+        # event and never resumes this generator (``dag.test()``) leaves nothing open behind.
+        yield TriggerEvent({**where, **payload})
+
+    async def _wait(self, backend: Any) -> dict[str, Any]:
+        """Follow the watch through a queue, so the deploying clock and refreshes tick between events."""
+        queue: asyncio.Queue[ServiceStatus | BaseException] = asyncio.Queue()
+
+        async def produce() -> None:
+            try:
+                async with contextlib.aclosing(
+                    backend.watch_service(self.service_name, self.namespace, self.version, self.poll_interval)
+                ) as statuses:
+                    async for status in statuses:
+                        await queue.put(status)
+            except Exception as exc:  # handed to the consumer, which raises it
+                await queue.put(exc)
+
+        producer = asyncio.create_task(produce())
+        clock = DeployingClock(self.deploying_timeout)
+        last: ServiceStatus | None = None
+        progress = None
+        try:
+            while True:
+                waits = [w for w in (clock.seconds_left(time.time()),
+                                     self.poll_interval if last is not None and last.refresh else None) if w is not None]
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout=min(waits) if waits else None)
+                except TimeoutError:
+                    item = None
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None and last is not None and last.refresh:
+                    item = await backend.aservice_status(self.service_name, self.namespace, self.version)
+                status = item or last
+                if status is None:
+                    continue
+                last = status
+                now = time.time()
+                clock.update(status, now)
+                if status.message != progress:
+                    progress = status.message
+                    self.log.info("RayService %s: %s: %s", self.service_name, status.phase.value, progress)
+                if status.finished:
+                    return {"status": status.phase.value, "service": status.to_dict()}
+                if overdue := clock.overdue(now):
+                    application, waited = overdue
+                    diagnosis = await backend.adiagnose_service(self.service_name, self.namespace, self.version,
+                                                                waited)
+                    return {"status": DEPLOYING_TIMEOUT, "application": application, "waited": waited,
+                            "diagnosis": diagnosis}
+        finally:
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await producer

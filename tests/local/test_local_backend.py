@@ -1,0 +1,425 @@
+"""The local backend on real Ray processes: one emulated v4 2x2x2 slice for the whole module.
+
+The tests run in file order and share the module's cluster: READY, Ray's own slice
+placement on it, adoption, whole-slice recreation after a host dies, refusal of slices
+too large for the machine, and a delete that stops exactly the cluster's processes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from airflow_provider_raytpu.backends.base import Applied
+from airflow_provider_raytpu.backends.local import LocalBackend
+from airflow_provider_raytpu.backends.local_supervisor import free_port, plan_cluster, port_open
+from airflow_provider_raytpu.backends.settings import ConnectionSettings
+from airflow_provider_raytpu.errors import ConflictError, InvalidInputError
+from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
+from airflow_provider_raytpu.status import Phase
+from airflow_provider_raytpu.tpu import TpuSlice
+from tests.local.conftest import CLUSTER_READY_TIMEOUT, EmulatedCluster, run_driver, watch_until
+
+pytestmark = pytest.mark.ray
+
+TPU_LABELS = {
+    "ray.io/tpu-slice-name": "emu-slice-0",
+    "ray.io/tpu-topology": "2x2x2",
+    "ray.io/tpu-pod-type": "v4-16",
+    "ray.io/accelerator-type": "TPU-V4",
+}
+
+
+def _pids(backend: LocalBackend, cluster: EmulatedCluster) -> dict[str, int]:
+    state = backend.state(cluster.name, cluster.namespace)
+    assert state is not None
+    pids = {"supervisor": backend.supervisor(cluster.name, cluster.namespace)["pid"], "head": state["head"]["pid"]}
+    for slice_ in state["slices"]:
+        for host in slice_["hosts"]:
+            pids[f"slice {slice_['index']} host {host['worker_id']}"] = host["pid"]
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.timeout(300)
+async def test_apply_reaches_ready_with_tpu_hosts_in_the_gcs(
+    local_backend: LocalBackend, emulated_cluster: EmulatedCluster
+) -> None:
+    assert emulated_cluster.action == Applied.CREATED.value
+    seen = await watch_until(
+        local_backend, emulated_cluster.name, emulated_cluster.namespace,
+        lambda s: s.phase in (Phase.READY, Phase.FAILED), CLUSTER_READY_TIMEOUT,
+    )
+    final = seen[-1]
+    assert final.phase is Phase.READY, local_backend.diagnose(emulated_cluster.name, emulated_cluster.namespace)
+    assert (final.head_ready, final.ready_hosts, final.desired_hosts) == (True, 2, 2)
+    assert [(s.index, s.ready_hosts, s.hosts) for s in final.slices] == [("0", 2, 2)]
+
+    gcs = local_backend.gcs_address(emulated_cluster.name, emulated_cluster.namespace)
+    nodes = run_driver(gcs, "result = [n for n in ray.nodes() if n['Alive']]")
+    tpu_hosts = [n for n in nodes if "TPU" in n["Resources"]]
+    assert len(nodes) == 3 and len(tpu_hosts) == 2
+    for node in tpu_hosts:
+        resources, labels = node["Resources"], node["Labels"]
+        assert resources["TPU"] == 4
+        assert resources["emu-slice-0"] == 1
+        assert resources["accelerator_type:TPU-V4"] == 1
+        assert resources["CPU"] == 1
+        assert resources["object_store_memory"] == 157286400
+        assert {k: labels[k] for k in TPU_LABELS} == TPU_LABELS
+    assert sorted(n["Labels"]["ray.io/tpu-worker-id"] for n in tpu_hosts) == ["0", "1"]
+    heads = [n for n in tpu_hosts if n["Resources"].get("TPU-v4-16-head")]
+    assert len(heads) == 1 and heads[0]["Labels"]["ray.io/tpu-worker-id"] == "0"
+
+    assert "1 RayCluster(s), 1 with a running head" in local_backend.check()
+
+    # The dashboard serves the Jobs and Serve REST APIs that later tasks use.
+    import urllib.request
+
+    url = local_backend.dashboard_url(emulated_cluster.name, emulated_cluster.namespace)
+    assert url.startswith("http://127.0.0.1:")
+    for path in ("/api/jobs/", "/api/serve/applications/"):
+        with urllib.request.urlopen(url + path, timeout=10) as answer:
+            assert answer.status == 200, path
+
+
+JOB_SCRIPT = textwrap.dedent(
+    """
+    import json, os
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from ray.util.tpu import slice_placement_group
+
+    ray.init()
+    slice_pg = slice_placement_group(topology="2x2x2", accelerator_version="v4")
+    ray.get(slice_pg.placement_group.ready(), timeout=90)
+
+    @ray.remote(num_cpus=0)
+    def where():
+        return {k: os.environ.get(k) for k in ("TPU_NAME", "TPU_WORKER_ID", "JAX_PLATFORMS")}
+
+    seen = ray.get([
+        where.options(
+            resources={"TPU": slice_pg.devices_per_host},
+            scheduling_strategy=PlacementGroupSchedulingStrategy(slice_pg.placement_group, placement_group_bundle_index=i),
+        ).remote()
+        for i in range(slice_pg.num_hosts)
+    ], timeout=90)
+    print("RAYTPU_RESULT " + json.dumps({"hosts": slice_pg.num_hosts, "selector": slice_pg.bundle_label_selector,
+                                          "seen": seen}))
+    slice_pg.shutdown()
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_slice_placement_group_reserves_the_emulated_slice(
+    local_backend: LocalBackend, emulated_cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    """Run Ray's own slice reservation as a Ray job, through the dashboard's Jobs API."""
+    import json
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    script = tmp_path / "reserve_slice.py"
+    script.write_text(JOB_SCRIPT)
+    client = JobSubmissionClient(local_backend.dashboard_url(emulated_cluster.name, emulated_cluster.namespace))
+    job_id = client.submit_job(entrypoint=f"{sys.executable} {script}")
+    deadline = time.monotonic() + 240
+    while (status := client.get_job_status(job_id)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
+        assert time.monotonic() < deadline, f"job {job_id} still {status}"
+        time.sleep(1)
+    logs = client.get_job_logs(job_id)
+    assert status == JobStatus.SUCCEEDED, logs[-3000:]
+    result = json.loads([line for line in logs.splitlines() if line.startswith("RAYTPU_RESULT ")][-1].split(" ", 1)[1])
+    assert result["hosts"] == 2
+    assert result["selector"] == [{"ray.io/tpu-slice-name": "emu-slice-0"}] * 2
+    assert sorted((s["TPU_NAME"], s["TPU_WORKER_ID"], s["JAX_PLATFORMS"]) for s in result["seen"]) == [
+        ("emu-slice-0", "0", "cpu"),
+        ("emu-slice-0", "1", "cpu"),
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_apply_again_adopts_and_a_different_spec_conflicts(
+    local_backend: LocalBackend, emulated_cluster: EmulatedCluster
+) -> None:
+    before = _pids(local_backend, emulated_cluster)
+    again = local_backend.apply_cluster(emulated_cluster.manifest)
+    assert again.action is Applied.ADOPTED
+    assert again.cluster["status"]["readyWorkerReplicas"] == 2
+
+    # Concurrent retries take the lock in turn; neither starts a second supervisor.
+    actions: list[Applied] = []
+    threads = [
+        threading.Thread(target=lambda: actions.append(local_backend.apply_cluster(emulated_cluster.manifest).action))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert actions == [Applied.ADOPTED, Applied.ADOPTED]
+    assert _pids(local_backend, emulated_cluster) == before
+
+    different = build_ray_cluster(name="emu", namespace="default", tpu=TpuSlice("v4", "2x2x2"), env={"X": "1"})
+    with pytest.raises(ConflictError, match="update_if_exists"):
+        local_backend.apply_cluster(different)
+    assert _pids(local_backend, emulated_cluster) == before
+
+    # Idle, the supervisor costs next to nothing.
+    supervisor = psutil.Process(before["supervisor"])
+    start = sum(supervisor.cpu_times()[:2])
+    time.sleep(3)
+    assert sum(supervisor.cpu_times()[:2]) - start < 0.3
+
+
+@pytest.mark.timeout(300)
+async def test_a_dead_host_makes_the_supervisor_recreate_the_whole_slice(
+    local_backend: LocalBackend, emulated_cluster: EmulatedCluster
+) -> None:
+    name, namespace = emulated_cluster.name, emulated_cluster.namespace
+    assert local_backend.cluster_status(name, namespace).phase is Phase.READY
+    before = _pids(local_backend, emulated_cluster)
+    host = psutil.Process(before["slice 0 host 1"])
+    raylet = next(p for p in host.children(recursive=True) if p.name() == "raylet")
+    os.kill(raylet.pid, signal.SIGKILL)
+
+    left = await watch_until(local_backend, name, namespace, lambda s: s.phase is not Phase.READY, 60)
+    assert left[-1].phase is Phase.PROVISIONING
+    assert left[-1].slices[0].index == "0" and left[-1].slices[0].ready_hosts < 2
+    assert "slice 0" in left[-1].message
+    diagnosis = local_backend.diagnose(name, namespace)
+    assert "PROVISIONING" in diagnosis and "slice 0" in diagnosis
+
+    back = await watch_until(local_backend, name, namespace, lambda s: s.phase in (Phase.READY, Phase.FAILED), 180)
+    assert back[-1].phase is Phase.READY, local_backend.diagnose(name, namespace)
+    after = _pids(local_backend, emulated_cluster)
+    assert after["supervisor"] == before["supervisor"] and after["head"] == before["head"]
+    assert after["slice 0 host 0"] != before["slice 0 host 0"]
+    assert after["slice 0 host 1"] != before["slice 0 host 1"]
+    assert not _alive(before["slice 0 host 0"]) and not _alive(before["slice 0 host 1"])
+    state = local_backend.state(name, namespace)
+    assert state["slices"][0]["restarts"] == 1
+
+    # The GCS agrees: exactly the two new raylets are the alive TPU hosts.
+    from ray._raylet import GcsClient
+
+    infos = GcsClient(address=state["gcs_address"]).get_all_node_info(timeout=10).values()
+    alive_tpu = {i.node_id.hex() for i in infos if i.state == 0 and "TPU" in i.resources_total}
+    assert alive_tpu == {h["node_id"] for h in state["slices"][0]["hosts"]}
+
+
+@pytest.mark.timeout(60)
+def test_a_slice_too_large_for_the_machine_is_refused_before_anything_starts(
+    local_backend: LocalBackend, raytpu_home: Path
+) -> None:
+    manifest = build_ray_cluster(name="too-big", namespace="default", tpu=TpuSlice("v4", "4x4x4"))
+    with pytest.raises(InvalidInputError) as caught:
+        local_backend.apply_cluster(manifest)
+    message = str(caught.value)
+    assert "topology='4x4x4'" in message and "16 TPU hosts" in message and "local_max_hosts=8" in message
+    assert "smaller topology" in message
+    assert not local_backend.cluster_dir("too-big", "default").exists()
+    assert local_backend.get_cluster("too-big", "default") is None
+    assert local_backend.cluster_status("too-big", "default").phase is Phase.GONE
+
+    # The limit is the connection's to raise.
+    roomy = ConnectionSettings.from_extra("raytpu_default", {"backend": "local", "local_home": str(raytpu_home),
+                                                             "local_max_hosts": "16"})
+    assert plan_cluster(manifest, roomy.local_max_hosts).total_hosts == 16
+
+    # A worker group edited away from the slice annotation is refused too.
+    edited = build_ray_cluster(name="edited", namespace="default", tpu=TpuSlice("v4", "2x2x2"))
+    edited["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 3
+    with pytest.raises(InvalidInputError, match="numOfHosts"):
+        local_backend.apply_cluster(edited)
+    assert not local_backend.cluster_dir("edited", "default").exists()
+
+
+@pytest.mark.timeout(180)
+def test_delete_stops_exactly_the_clusters_processes(
+    local_backend: LocalBackend, emulated_cluster: EmulatedCluster
+) -> None:
+    name, namespace = emulated_cluster.name, emulated_cluster.namespace
+    # An unrelated Ray cluster on the same machine must survive (no `ray stop`).
+    other_temp = Path(f"/tmp/rt-other-{secrets.token_hex(4)}")
+    other_port = free_port()
+    other = subprocess.Popen(
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={other_port}", "--num-cpus=0",
+         "--include-dashboard=false", f"--temp-dir={other_temp}", "--object-store-memory=78643200",
+         f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+         "--disable-usage-stats", "--block"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not port_open(other_port):
+            assert other.poll() is None and time.monotonic() < deadline, "the unrelated Ray head did not start"
+            time.sleep(0.5)
+        other_tree = [other.pid] + [p.pid for p in psutil.Process(other.pid).children(recursive=True)]
+
+        state = local_backend.state(name, namespace)
+        supervisor = local_backend.supervisor(name, namespace)
+        recorded = list(_pids(local_backend, emulated_cluster).values())
+        everything = local_backend.cluster_processes(name, namespace)
+        assert set(recorded) <= set(everything) and len(everything) > 10
+        cluster_dir = local_backend.cluster_dir(name, namespace)
+
+        assert local_backend.delete_cluster(name, namespace) is True
+
+        assert [pid for pid in everything if _alive(pid)] == []
+        group = [pid for pid in psutil.pids() if _alive(pid) and _group_and_session(pid) & {supervisor["pgid"]}]
+        assert group == []
+        assert all(_alive(pid) for pid in other_tree)
+        assert not cluster_dir.exists() and not Path(state["temp_dir"]).exists()
+        assert local_backend.get_cluster(name, namespace) is None
+        assert local_backend.cluster_status(name, namespace).phase is Phase.GONE
+        assert local_backend.list_clusters(namespace, "") == []
+        assert local_backend.delete_cluster(name, namespace) is False
+    finally:
+        other.terminate()
+        try:
+            other.wait(30)
+        except subprocess.TimeoutExpired:
+            other.kill()
+            other.wait()
+        shutil.rmtree(other_temp, ignore_errors=True)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
+def _name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return ""
+
+
+def _group_and_session(pid: int) -> set[int]:
+    try:
+        return {os.getpgid(pid), os.getsid(pid)}
+    except OSError:
+        return set()
+
+
+@pytest.mark.timeout(180)
+def test_concurrent_creates_start_one_supervisor_and_an_orphaned_cluster_is_cleaned_up(
+    local_backend: LocalBackend,
+) -> None:
+    """Two simultaneous applies of a new cluster: one creates, one adopts; then the supervisor is
+    killed (status FAILED, as with a lost operator) and delete still finds every process."""
+    manifest = build_ray_cluster(name="race", namespace="other", tpu=TpuSlice("v4", "2x2x1"))
+    try:
+        actions: list[Applied] = []
+        threads = [threading.Thread(target=lambda: actions.append(local_backend.apply_cluster(manifest).action))
+                   for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert sorted(a.value for a in actions) == ["adopted", "created"]
+        assert [c["metadata"]["name"] for c in local_backend.list_clusters("other", "app.kubernetes.io/managed-by")] == [
+            "race"
+        ]
+        supervisor = local_backend.supervisor("race", "other")
+        supervisors = [
+            pid for pid in psutil.pids()
+            if "airflow_provider_raytpu.backends.local_supervisor" in (command := " ".join(_cmdline(pid)))
+            and str(local_backend.cluster_dir("race", "other")) in command
+        ]
+        assert supervisors == [supervisor["pid"]]
+
+        # Once the head's GCS runs, lose the supervisor.
+        deadline = time.monotonic() + 90
+        while "gcs_server" not in {_name(pid) for pid in local_backend.cluster_processes("race", "other")}:
+            assert time.monotonic() < deadline, local_backend.diagnose("race", "other")
+            time.sleep(0.5)
+        everything = local_backend.cluster_processes("race", "other")
+        temp_dir = Path(local_backend.state("race", "other")["temp_dir"])
+        os.kill(supervisor["pid"], signal.SIGKILL)
+        psutil.Process(supervisor["pid"]).wait(10)
+        status = local_backend.cluster_status("race", "other")
+        assert status.phase is Phase.FAILED and status.reason == "SupervisorNotRunning"
+        assert "supervisor" in local_backend.diagnose("race", "other")
+
+        assert local_backend.delete_cluster("race", "other") is True
+        assert [pid for pid in everything if _alive(pid)] == []
+        assert not temp_dir.exists()
+        assert local_backend.cluster_status("race", "other").phase is Phase.GONE
+    finally:
+        local_backend.delete_cluster("race", "other")
+
+
+@pytest.mark.timeout(120)
+async def test_a_head_that_cannot_start_makes_the_cluster_failed_with_its_log(
+    local_backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAYTPU_LOCAL_MAX_FAILED_STARTS", "1")  # read by the supervisor: fail on the first try
+    manifest = build_ray_cluster(
+        name="broken", namespace="default", tpu=TpuSlice("v4", "2x2x1"),
+        head_ray_start_params={"resources": '"{\\"x\\": -1}"'},
+    )
+    assert local_backend.apply_cluster(manifest).action is Applied.CREATED
+    try:
+        seen = await watch_until(local_backend, "broken", "default", lambda s: s.finished, 90)
+        assert seen[-1].phase is Phase.FAILED and seen[-1].reason == "HeadFailed"
+        diagnosis = await local_backend.adiagnose("broken", "default")
+        assert "Resource quantities must be nonnegative" in diagnosis
+    finally:
+        assert local_backend.delete_cluster("broken", "default") is True
+
+
+def test_the_plan_gives_each_host_what_a_gke_tpu_host_gets() -> None:
+    """Pure: the manifest -> local Ray nodes mapping, for two slices (no process is started)."""
+    manifest = build_ray_cluster(name="two", namespace="default", tpu=TpuSlice("v4", "2x2x2", num_slices=2),
+                                 env={"FOO": "bar", "JAX_PLATFORMS": "tpu"}, head_resources={"cpu": "4"})
+    plan = plan_cluster(manifest, 8)
+    assert plan.slice_names == ("two-slice-0", "two-slice-1") and plan.total_hosts == 4
+    assert plan.head.num_cpus == 1 and plan.head.env["FOO"] == "bar" and not plan.head.resources
+    for index, hosts in enumerate(plan.slices):
+        for worker_id, host in enumerate(hosts):
+            head_resource = {"TPU-v4-16-head": 1.0} if worker_id == 0 else {}
+            assert host.resources == {"TPU": 4.0, f"two-slice-{index}": 1.0, "accelerator_type:TPU-V4": 1.0,
+                                      **head_resource}
+            assert host.labels == {"ray.io/tpu-slice-name": f"two-slice-{index}",
+                                   "ray.io/tpu-worker-id": str(worker_id), **{k: v for k, v in TPU_LABELS.items()
+                                                                             if k != "ray.io/tpu-slice-name"}}
+            assert host.env == {"FOO": "bar", "TPU_NAME": f"two-slice-{index}", "TPU_WORKER_ID": str(worker_id),
+                                "TPU_ACCELERATOR_TYPE": "v4-16", "TPU_TOPOLOGY": "2x2x2", "JAX_PLATFORMS": "cpu"}
+            assert host.num_cpus == 1
+
+
+def test_label_selectors_follow_kubernetes() -> None:
+    from airflow_provider_raytpu.backends.local import selector_matches
+
+    labels = {"app.kubernetes.io/managed-by": "airflow-provider-raytpu", "tier": "gold"}
+    assert selector_matches(labels, "")
+    assert selector_matches(labels, "app.kubernetes.io/managed-by=airflow-provider-raytpu,tier")
+    assert selector_matches(labels, "tier in (gold, silver),!missing,tier!=bronze")
+    assert not selector_matches(labels, "tier notin (gold)")
+    assert not selector_matches(labels, "tier==silver")
+    assert not selector_matches(labels, "missing in (x)")

@@ -1,0 +1,217 @@
+"""Ray job tasks on a real local cluster (one emulated v4 2x2x2 slice): results, logs, failures, retries.
+
+Retry safety is tested the hard way: the Airflow worker is a separate process that is
+killed with SIGKILL mid-job, the scheduler's answer (fail the try, retry it) is
+played, and the retry must reattach instead of starting a second Ray job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ray.job_submission import JobSubmissionClient
+
+from airflow_provider_raytpu.backends.local import LocalBackend
+from airflow_provider_raytpu.status import Phase
+from tests.airflow_runner import TaskOutcome, ensure_airflow_db, lose_worker, resume_dag_run, run_dag, write_dag
+from tests.local.conftest import CLUSTER_READY_TIMEOUT, EmulatedCluster, watch_until
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cluster(local_backend: LocalBackend, emulated_cluster: EmulatedCluster, raytpu_home: Path) -> Iterator[EmulatedCluster]:
+    """The module's emulated slice, READY, reachable through the ``raytpu_default`` connection."""
+    import asyncio
+
+    asyncio.run(watch_until(local_backend, emulated_cluster.name, emulated_cluster.namespace,
+                            lambda s: s.phase is Phase.READY, CLUSTER_READY_TIMEOUT))
+    patch = pytest.MonkeyPatch()
+    patch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT",
+                 json.dumps({"conn_type": "raytpu", "extra": {"backend": "local", "local_home": str(raytpu_home)}}))
+    yield emulated_cluster
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
+def jobs(local_backend: LocalBackend, cluster: EmulatedCluster) -> JobSubmissionClient:
+    return JobSubmissionClient(local_backend.dashboard_url(cluster.name, cluster.namespace))
+
+
+def task_jobs(jobs: JobSubmissionClient, dag_id: str) -> list:
+    found = [j for j in jobs.list_jobs() if (j.metadata or {}).get("raytpu.dag_id") == dag_id]
+    return sorted(found, key=lambda j: int(j.metadata["raytpu.try_number"]))
+
+
+def submit_dag(dag_id: str, code: str, *, retries: int = 0, deferrable: bool = True) -> str:
+    return f'''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
+
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1)):
+    SubmitRayJobOperator(
+        task_id="job", cluster_name="emu", retries={retries}, retry_delay=0, deferrable={deferrable},
+        poll_interval=0.5, entrypoint=["python", "-c", {code!r}],
+        runtime_env={{"env_vars": {{"GREETING": "hello from airflow"}}}},
+    )
+'''
+
+
+def test_result_and_streamed_log(airflow_home: Path, cluster: EmulatedCluster, jobs: JobSubmissionClient,
+                                 capfd: pytest.CaptureFixture[str]) -> None:
+    code = (
+        "import os, time\n"
+        "from airflow_provider_raytpu.workloads.result import report_result\n"
+        "for i in range(3):\n"
+        "    print('step', i, flush=True); time.sleep(0.5)\n"
+        "report_result({'greeting': os.environ['GREETING'], 'steps': 3})\n"
+    )
+    outcome = run_dag(airflow_home, submit_dag("job_result", code), "job_result")["job"]
+    assert (outcome.state, outcome.result) == ("success", {"greeting": "hello from airflow", "steps": 3})
+    log = capfd.readouterr().out
+    for i in range(3):
+        assert log.count(f"[ray job] step {i}") == 1, "each job log line reaches the task log exactly once"
+    (job,) = task_jobs(jobs, "job_result")
+    assert job.metadata["raytpu.task_id"] == "job" and job.submission_id.endswith("-try1")
+
+
+def test_failing_job_fails_the_task_with_its_log_tail(airflow_home: Path, cluster: EmulatedCluster,
+                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    code = "import sys\nprint('loading shard 7 of 8')\nprint('ValueError: shard 7 is corrupt', flush=True)\nsys.exit(3)\n"
+    outcome = run_dag(airflow_home, submit_dag("job_fails", code, deferrable=False), "job_fails")["job"]
+    assert outcome.state == "failed"
+    log = capfd.readouterr().out
+    assert "Ray job raytpu-" in log and "FAILED" in log
+    assert "--- last 50 log lines ---" in log and "ValueError: shard 7 is corrupt" in log
+
+
+def start_worker(dag_path: Path, dag_id: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.airflow_runner", str(dag_path), dag_id], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_for_job(jobs: JobSubmissionClient, dag_id: str, count: int, status: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = task_jobs(jobs, dag_id)
+        if len(found) >= count and str(found[count - 1].status) == status:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no {status} job #{count} for {dag_id}: {task_jobs(jobs, dag_id)}")
+
+
+def kill_worker(worker: subprocess.Popen) -> None:
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait(30)
+
+
+def test_worker_killed_mid_job_retry_reattaches(airflow_home: Path, cluster: EmulatedCluster,
+                                                 jobs: JobSubmissionClient) -> None:
+    code = "import time\nfrom airflow_provider_raytpu.workloads.result import report_result\n" \
+           "time.sleep(12)\nreport_result({'done': True})\n"
+    ensure_airflow_db()
+    path = write_dag(airflow_home, submit_dag("job_reattach", code, retries=1, deferrable=False), "job_reattach")
+    worker = start_worker(path, "job_reattach")
+    wait_for_job(jobs, "job_reattach", 1, "RUNNING")
+    kill_worker(worker)
+    run_id = lose_worker("job_reattach", "job")
+    outcome = resume_dag_run(path, "job_reattach", run_id)["job"]
+    assert outcome == TaskOutcome("success", 2, {"done": True})
+    (only,) = task_jobs(jobs, "job_reattach")
+    assert only.submission_id.endswith("-try1") and str(only.status) == "SUCCEEDED"
+
+
+def test_failed_job_is_resubmitted_and_the_third_try_finds_the_second(
+        airflow_home: Path, cluster: EmulatedCluster, jobs: JobSubmissionClient) -> None:
+    # Try 1's job fails; try 2 submits again and its worker dies mid-job; try 3 reattaches to try 2's job.
+    code = "import sys, time\nfrom airflow_provider_raytpu.workloads.result import report_result\n" \
+           "if {{ ti.try_number }} == 1: sys.exit('first attempt fails')\n" \
+           "time.sleep(12)\nreport_result({'attempt': {{ ti.try_number }}})\n"
+    ensure_airflow_db()
+    path = write_dag(airflow_home, submit_dag("job_third_try", code, retries=2, deferrable=False), "job_third_try")
+    worker = start_worker(path, "job_third_try")
+    wait_for_job(jobs, "job_third_try", 2, "RUNNING")
+    kill_worker(worker)
+    run_id = lose_worker("job_third_try", "job")
+    outcome = resume_dag_run(path, "job_third_try", run_id)["job"]
+    assert outcome == TaskOutcome("success", 3, {"attempt": 2})
+    found = task_jobs(jobs, "job_third_try")
+    assert [(j.submission_id[-4:], str(j.status)) for j in found] == [("try1", "FAILED"), ("try2", "SUCCEEDED")]
+
+
+def test_jobs_through_the_api_server_service_proxy(airflow_home: Path, cluster: EmulatedCluster,
+                                                  local_backend: LocalBackend, monkeypatch: pytest.MonkeyPatch,
+                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """Backend kubernetes: every Jobs API call (package upload, submit, status, logs) goes through the
+    API server's service proxy with the Kubernetes client's own TLS and token, and no credential leaks."""
+    from tests.fakekube.server import FakeKubeApiServer
+
+    with FakeKubeApiServer(tls=True) as kube:
+        kube.create_object({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "emu-head-svc", "namespace": "ml"},
+                            "spec": {"ports": [{"name": "dashboard", "port": 8265}]}})
+        kube.register_service_proxy("ml", "emu-head-svc", "dashboard",
+                                    local_backend.dashboard_url(cluster.name, cluster.namespace))
+        monkeypatch.setenv("AIRFLOW_CONN_KUBE_PROXY", kube.airflow_connection("ml"))
+        monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_K8S", json.dumps(
+            {"conn_type": "raytpu", "extra": {"backend": "kubernetes", "kubernetes_conn_id": "kube_proxy",
+                                              "namespace": "ml"}}))
+        code = "from airflow_provider_raytpu.workloads.result import report_result\n" \
+               "print('via the proxy', flush=True)\nreport_result({'proxied': True})\n"
+        source = submit_dag("job_proxied", code).replace('cluster_name="emu",', 'cluster_name="emu", raytpu_conn_id="raytpu_k8s",')
+        outcome = run_dag(airflow_home, source, "job_proxied")["job"]
+        proxied = r"/api/v1/namespaces/ml/services/emu-head-svc:dashboard/proxy/api/"
+        uploads = kube.count("PUT", proxied + "packages/")
+        submits = kube.count("POST", proxied + r"jobs/$")
+        polls = kube.count("GET", proxied + r"jobs/raytpu-")
+    assert (outcome.state, outcome.result) == ("success", {"proxied": True})
+    assert uploads >= 1 and submits == 1 and polls >= 2
+    log = capfd.readouterr().out
+    assert "[ray job] via the proxy" in log
+    assert kube.token not in log and kube.token not in json.dumps(outcome.result)
+
+
+LIFECYCLE = '''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator, DeleteRayClusterOperator
+from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
+from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
+
+with DAG("local_lifecycle", schedule=None, start_date=datetime(2026, 1, 1)):
+    create = CreateRayClusterOperator(task_id="create", cluster_name="emu", namespace="default",
+                                      accelerator="v4", topology="2x2x2")
+    cluster = "{{ ti.xcom_pull('create')['cluster_name'] }}"
+    ready = RayClusterReadySensor(task_id="ready", cluster_name=cluster, timeout=300, poll_interval=1)
+    job = SubmitRayJobOperator(
+        task_id="job", cluster_name=cluster,
+        entrypoint="python -c 'import ray; from airflow_provider_raytpu.workloads.result import report_result; "
+                   "ray.init(); report_result({\\"tpu_chips\\": ray.cluster_resources().get(\\"TPU\\")})'",
+    )
+    delete = DeleteRayClusterOperator(task_id="delete", cluster_name=cluster)
+    create >> ready >> job >> delete.as_teardown(setups=create)
+'''
+
+
+def test_create_ready_submit_delete(airflow_home: Path, cluster: EmulatedCluster, local_backend: LocalBackend) -> None:
+    """Runs last: the DAG adopts the module's cluster (same name and spec) and deletes it."""
+    pids = local_backend.cluster_processes(cluster.name, cluster.namespace)
+    outcome = run_dag(airflow_home, LIFECYCLE, "local_lifecycle")
+    assert {t: o.state for t, o in outcome.items()} == {"create": "success", "ready": "success", "job": "success",
+                                                        "delete": "success"}
+    assert outcome["job"].result == {"tpu_chips": 8.0}
+    assert outcome["create"].result["dashboard_url"].startswith("http://127.0.0.1:")
+    assert local_backend.get_cluster(cluster.name, cluster.namespace) is None
+    import psutil
+
+    assert [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
