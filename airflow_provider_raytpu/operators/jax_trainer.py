@@ -1,0 +1,126 @@
+"""Fault-tolerant JaxTrainer training on whole TPU slices, as a Ray job that resumes on retry."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.manifests.names import resource_name
+from airflow_provider_raytpu.operators.base import fail_fast
+from airflow_provider_raytpu.operators.ray_data import asset_for
+from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
+from airflow_provider_raytpu.operators.raycluster import SLICE_FIELDS
+from airflow_provider_raytpu.tpu import TpuSlice
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def run_name_of(context: Context) -> str:
+    """Ray Train's run name: stable for a DAG run and task, so every retry resumes the same run."""
+    ti = context["ti"]
+    digest = hashlib.sha256(f"{ti.dag_id}|{ti.run_id}|{ti.map_index}".encode()).hexdigest()[:10]
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{ti.dag_id}.{ti.task_id}")[:100].strip("-.")
+    return f"{readable}-{digest}"
+
+
+class JaxTrainerOperator(SubmitRayJobOperator):
+    """Train with Ray Train's JaxTrainer on the cluster's TPU slices; checkpoints go to storage with orbax.
+
+    Workers = hosts per slice x slices, placed by Ray on whole slices from the
+    cluster's recorded slice shape (pass the slice fields only to assert it). The run
+    name is stable per DAG run and task, so an Airflow retry after a failed or lost
+    job resumes from the latest checkpoint in ``checkpoint_uri`` instead of step 0,
+    and a failed worker (a preempted host) is restarted up to ``max_failures`` times
+    within the job. Returns ``metrics``, ``checkpoint_uri`` (the latest checkpoint),
+    ``steps``, ``resumed_from_step`` and ``run_name``.
+
+    :param cluster_name: the RayCluster's name.
+    :param train_loop: ``"package.module:train_loop_per_worker"``; ship the package in
+        ``runtime_env={"py_modules": [...]}`` unless the image has it.
+    :param checkpoint_uri: storage root for runs, ``gs://bucket/prefix`` or local.
+    :param config: the loop's config (JSON-able; templated).
+    :param datasets: dataset name -> parquet/JSONL URI, e.g. the preprocessing output from XCom.
+    :param max_failures: worker-group restarts allowed inside the job.
+    :param batch_size: rows per worker per step, checked against the datasets before training.
+    :param ragged_policy: the final ragged batch: ``drop``, ``pad`` or ``raise`` (fails before training).
+    :param checkpoints_to_keep: how many recent checkpoints Ray Train keeps.
+    :param accelerator: optional; must agree with the cluster's slice.
+    :param topology: optional; must agree with the cluster's slice.
+    :param num_slices: optional; must agree with the cluster's slice.
+    :param spot: optional, with the slice fields; spot capacity does not change the shape.
+    :param chips_per_host: optional; must agree with the cluster's slice.
+    :param kwargs: everything :class:`SubmitRayJobOperator` takes (namespace, runtime_env, ...).
+    """
+
+    template_fields: Sequence[str] = (
+        *SubmitRayJobOperator.template_fields, "train_loop", "checkpoint_uri", "config", "datasets", *SLICE_FIELDS,
+    )
+    template_fields_renderers = {**SubmitRayJobOperator.template_fields_renderers, "config": "json",
+                                 "datasets": "json"}
+
+    def __init__(
+        self,
+        *,
+        cluster_name: str,
+        train_loop: str,
+        checkpoint_uri: str,
+        config: Mapping[str, Any] | None = None,
+        datasets: Mapping[str, str] | None = None,
+        max_failures: int = 3,
+        batch_size: int | None = None,
+        ragged_policy: str | None = None,
+        checkpoints_to_keep: int = 3,
+        accelerator: str | None = None,
+        topology: str | None = None,
+        num_slices: int | str | None = None,
+        spot: bool | str = False,
+        chips_per_host: int | str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("outlets", asset_for(checkpoint_uri))
+        super().__init__(cluster_name=cluster_name, entrypoint="", **kwargs)
+        self.train_loop = train_loop
+        self.checkpoint_uri = checkpoint_uri
+        self.config = config
+        self.datasets = datasets
+        self.max_failures = max_failures
+        self.batch_size = batch_size
+        self.ragged_policy = ragged_policy
+        self.checkpoints_to_keep = checkpoints_to_keep
+        self.accelerator = accelerator
+        self.topology = topology
+        self.num_slices = num_slices
+        self.spot = spot
+        self.chips_per_host = chips_per_host
+
+    def given_tpu(self) -> TpuSlice | None:
+        if not self.accelerator and not self.topology:
+            return None
+        return TpuSlice(self.accelerator or "", self.topology or "", self.num_slices or 1, self.spot, self.chips_per_host)
+
+    def execute(self, context: Context) -> Any:
+        with fail_fast():
+            if (self.batch_size is None) != (self.ragged_policy is None):
+                raise InvalidInputError(
+                    "batch_size/ragged_policy", (self.batch_size, self.ragged_policy), "are given one without the other",
+                    "Give both (the driver checks the datasets split into whole batches before training) or neither",
+                )
+            name = resource_name(self.cluster_name, "cluster_name")
+            tpu = self.cluster_tpu(name, self.jobs.namespace, self.given_tpu())
+        self.log.info("Training on %s", tpu.describe())
+        args = ["python", "-m", "airflow_provider_raytpu.workloads.train", "--train-loop", self.train_loop,
+                "--tpu", json.dumps(tpu.to_dict()), "--run-name", run_name_of(context),
+                "--checkpoint-uri", self.checkpoint_uri, "--config", json.dumps(dict(self.config or {})),
+                "--datasets", json.dumps(dict(self.datasets or {})), "--max-failures", str(self.max_failures),
+                "--checkpoints-to-keep", str(self.checkpoints_to_keep)]
+        if self.batch_size is not None:
+            args += ["--batch-size", str(self.batch_size)]
+        if self.ragged_policy:
+            args += ["--ragged-policy", self.ragged_policy]
+        self.entrypoint = args
+        return super().execute(context)

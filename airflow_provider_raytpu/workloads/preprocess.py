@@ -1,0 +1,184 @@
+"""Ray Data preprocessing job: read parquet/JSONL -> the user's batch transform -> parquet.
+
+Run as a Ray job driver::
+
+    python -m airflow_provider_raytpu.workloads.preprocess \\
+        --input gs://bucket/raw.jsonl --output gs://bucket/clean \\
+        --transform pipeline.transforms:normalise
+
+The transform is ``"package.module:name"``:
+
+- a plain function ``fn(batch) -> batch`` runs as stateless Ray tasks;
+- a callable class (``__init__`` loads a model once, ``__call__(batch) -> batch``) runs
+  as a pool of ``--concurrency`` actors, each with its own resources, e.g. one TPU host
+  per actor with ``--num-tpus-per-actor 4``.
+
+Re-running for the same output URI replaces the output (see
+:func:`~airflow_provider_raytpu.workloads.datasets.write_parquet_replacing`). The job
+prints ``RAYTPU_RESULT {"rows_in", "rows_out", "output_uri", "seconds", "rows_per_second"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_raytpu.workloads.datasets import FORMATS, read_dataset, write_parquet_replacing
+from airflow_provider_raytpu.workloads.loading import load_object
+from airflow_provider_raytpu.workloads.result import report_result
+from airflow_provider_raytpu.workloads.session import connect
+
+
+@dataclass(frozen=True)
+class PreprocessSpec:
+    """What one preprocessing job does.
+
+    :param input_uri: parquet or JSONL file / prefix to read.
+    :param output_uri: parquet prefix to (re)place.
+    :param transform: ``"package.module:name"`` of a batch function or callable class.
+    :param input_format: ``"parquet"`` or ``"jsonl"``; guessed from ``input_uri`` if ``None``.
+    :param batch_size: rows per batch handed to the transform (Ray's default if ``None``).
+    :param concurrency: actors in the pool for a class (default 1); maximum parallel
+        tasks for a function (unlimited if ``None``).
+    :param num_tpus_per_actor: TPU chips each actor / task reserves (``resources={"TPU": n}``).
+    :param resources: further Ray resources per actor / task; ``CPU`` and ``GPU`` keys
+        become ``num_cpus`` / ``num_gpus``.
+    :param transform_kwargs: keyword arguments for the class constructor, or for each
+        call of a function.
+    :param batch_format: the batch type the transform receives: ``numpy`` (dict of
+        arrays), ``pandas`` or ``pyarrow``.
+    """
+
+    input_uri: str
+    output_uri: str
+    transform: str
+    input_format: str | None = None
+    batch_size: int | None = None
+    concurrency: int | None = None
+    num_tpus_per_actor: float | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+    transform_kwargs: dict[str, Any] = field(default_factory=dict)
+    batch_format: str = "numpy"
+
+
+def _remote_args(spec: PreprocessSpec) -> dict[str, Any]:
+    resources = dict(spec.resources)
+    args: dict[str, Any] = {}
+    if "CPU" in resources:
+        args["num_cpus"] = resources.pop("CPU")
+    if "GPU" in resources:
+        args["num_gpus"] = resources.pop("GPU")
+    if spec.num_tpus_per_actor:
+        resources["TPU"] = spec.num_tpus_per_actor
+    if resources:
+        args["resources"] = resources
+    return args
+
+
+def transform_dataset(dataset: Any, spec: PreprocessSpec) -> Any:
+    """Apply the spec's transform to ``dataset`` with ``map_batches`` (tasks or an actor pool).
+
+    :param dataset: a ``ray.data.Dataset``.
+    :param spec: the job description.
+    """
+    transform = load_object(spec.transform)
+    options: dict[str, Any] = {"batch_format": spec.batch_format, **_remote_args(spec)}
+    if spec.batch_size is not None:
+        options["batch_size"] = spec.batch_size
+    if inspect.isclass(transform):
+        if not callable(getattr(transform, "__call__", None)):
+            raise TypeError(f"{spec.transform} is a class without __call__(batch)")
+        options["concurrency"] = spec.concurrency or 1
+        options["fn_constructor_kwargs"] = spec.transform_kwargs
+    elif callable(transform):
+        if spec.concurrency is not None:
+            options["concurrency"] = spec.concurrency
+        options["fn_kwargs"] = spec.transform_kwargs
+    else:
+        raise TypeError(f"{spec.transform} is neither a function nor a callable class")
+    return dataset.map_batches(transform, **options)
+
+
+def run_preprocess(spec: PreprocessSpec) -> dict[str, Any]:
+    """Run the job in this process (connecting to Ray if needed) and return its result.
+
+    :param spec: the job description.
+    """
+    started = time.monotonic()
+    connected = connect()
+    try:
+        source = read_dataset(spec.input_uri, spec.input_format)
+        rows_in = source.count()
+        target = write_parquet_replacing(transform_dataset(source, spec), spec.output_uri)
+        rows_out = read_dataset(target.uri, "parquet").count() if rows_in else 0
+    finally:
+        if connected:
+            import ray
+
+            ray.shutdown()
+    seconds = time.monotonic() - started
+    return {
+        "rows_in": rows_in,
+        "rows_out": rows_out,
+        "output_uri": target.uri,
+        "seconds": round(seconds, 3),
+        "rows_per_second": round(rows_in / seconds, 3) if seconds > 0 else None,
+    }
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> PreprocessSpec:
+    """Parse the command line into a :class:`PreprocessSpec`.
+
+    :param argv: arguments without the program name; ``sys.argv[1:]`` if ``None``.
+    """
+    parser = argparse.ArgumentParser(prog="python -m airflow_provider_raytpu.workloads.preprocess")
+    parser.add_argument("--input", required=True, help="parquet/JSONL file or prefix (gs:// or local)")
+    parser.add_argument("--output", required=True, help="output parquet prefix; replaced on every run")
+    parser.add_argument("--transform", required=True, help="package.module:function_or_class")
+    parser.add_argument("--format", choices=FORMATS, default=None, help="input format (guessed if omitted)")
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--num-tpus-per-actor", type=float, default=None)
+    parser.add_argument("--resources", type=_json_object, default={}, help='JSON, e.g. {"TPU": 4}')
+    parser.add_argument("--transform-kwargs", type=_json_object, default={})
+    parser.add_argument("--batch-format", choices=("numpy", "pandas", "pyarrow"), default="numpy")
+    args = parser.parse_args(argv)
+    return PreprocessSpec(
+        input_uri=args.input,
+        output_uri=args.output,
+        transform=args.transform,
+        input_format=args.format,
+        batch_size=args.batch_size,
+        concurrency=args.concurrency,
+        num_tpus_per_actor=args.num_tpus_per_actor,
+        resources=args.resources,
+        transform_kwargs=args.transform_kwargs,
+        batch_format=args.batch_format,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse, run, print the result line. Returns the process exit code.
+
+    :param argv: arguments without the program name.
+    """
+    spec = parse_args(argv)
+    report_result(run_preprocess(spec))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

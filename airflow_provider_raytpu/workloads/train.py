@@ -1,0 +1,297 @@
+"""JaxTrainer job: run a user's ``train_loop_per_worker`` on one or more whole TPU slices.
+
+Run as a Ray job driver::
+
+    python -m airflow_provider_raytpu.workloads.train \\
+        --train-loop pipeline.train_loop:train_loop_per_worker \\
+        --tpu '{"accelerator": "v4", "topology": "2x2x2"}' \\
+        --run-name my-run --checkpoint-uri gs://bucket/checkpoints
+
+The worker count and Ray's TPU placement follow from the slice shape (``TpuSlice``).
+Ray Train keeps the run at ``<checkpoint-uri>/<run-name>``; the loop's config gets
+``checkpoint_uri`` = ``<checkpoint-uri>/<run-name>/orbax`` for
+:class:`~airflow_provider_raytpu.workloads.checkpoints.TrainCheckpoints`. Re-running
+with the same run name resumes from the newest checkpoint in storage; a failed worker
+is restarted up to ``--max-failures`` times.
+
+The job prints ``RAYTPU_RESULT {"metrics", "checkpoint_uri", "steps",
+"resumed_from_step", "run_name", "seconds"}``.
+
+This module does not import JAX (nor the user's loop) in the driver process: the loop
+is imported by the workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_raytpu.tpu import TpuSlice
+from airflow_provider_raytpu.workloads.batches import POLICIES, RaggedBatchError, check_batches
+from airflow_provider_raytpu.workloads.checkpoints import ORBAX_SUBDIR
+from airflow_provider_raytpu.workloads.loading import check_importable, load_object
+from airflow_provider_raytpu.workloads.result import report_result
+from airflow_provider_raytpu.workloads.storage import resolve, uri_for
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+# Glob characters in a path break gcsfs (orbax's GCS access), and "/" would nest runs.
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """What one training job does.
+
+    :param train_loop: ``"package.module:function"`` of ``train_loop_per_worker(config)``.
+    :param tpu: the slice shape the workers run on.
+    :param run_name: Ray Train's run name; the same name resumes the same run.
+    :param checkpoint_uri: the storage root for runs (``gs://bucket/prefix`` or local).
+    :param config: the loop's config (``checkpoint_uri``, ``run_name`` and, if given,
+        ``batch_size`` / ``ragged_policy`` are added).
+    :param datasets: dataset name -> URI (parquet or JSONL), read with Ray Data and
+        split between workers (``ray.train.get_dataset_shard(name)``).
+    :param max_failures: worker-group restarts allowed after a failure (``-1``: unlimited).
+    :param checkpoints_to_keep: how many newest registered checkpoints Ray Train keeps
+        (``CheckpointConfig(num_to_keep)``; ``None`` keeps all). Ray, not orbax, prunes
+        registered checkpoints: see ``workloads.checkpoints``.
+    :param batch_size: rows per batch on each worker, checked against every dataset.
+    :param ragged_policy: ``"drop"``, ``"pad"`` or ``"raise"`` for a short last batch.
+    """
+
+    train_loop: str
+    tpu: TpuSlice
+    run_name: str
+    checkpoint_uri: str
+    config: dict[str, Any] = field(default_factory=dict)
+    datasets: dict[str, str] = field(default_factory=dict)
+    max_failures: int = 0
+    checkpoints_to_keep: int | None = 3
+    batch_size: int | None = None
+    ragged_policy: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _RUN_NAME.fullmatch(self.run_name or ""):
+            raise ValueError(
+                f"run_name={self.run_name!r} is not a valid run name: it becomes a storage path component, "
+                "so use letters, digits, '.', '_' and '-' (starting with a letter or digit)"
+            )
+        if self.max_failures < -1:
+            raise ValueError(f"max_failures={self.max_failures} must be -1 (unlimited) or at least 0")
+        if self.checkpoints_to_keep is not None and self.checkpoints_to_keep < 1:
+            raise ValueError(f"checkpoints_to_keep={self.checkpoints_to_keep} must be at least 1 (or unset: keep all)")
+
+    @property
+    def num_workers(self) -> int:
+        """One worker per TPU host: hosts per slice times slices."""
+        return self.tpu.hosts_per_slice * self.tpu.num_slices
+
+    def run_uri(self) -> str:
+        """Where Ray Train keeps this run: ``<checkpoint_uri>/<run_name>``."""
+        return resolve(self.checkpoint_uri).child(self.run_name).uri
+
+    def orbax_uri(self) -> str:
+        """Where the loop's orbax checkpoints go: ``<checkpoint_uri>/<run_name>/orbax``."""
+        return resolve(self.checkpoint_uri).child(self.run_name, ORBAX_SUBDIR).uri
+
+    def loop_config(self) -> dict[str, Any]:
+        """The config the loop receives."""
+        config = dict(self.config)
+        config.update(checkpoint_uri=self.orbax_uri(), run_name=self.run_name)
+        if self.batch_size is not None:
+            config["batch_size"] = self.batch_size
+        if self.ragged_policy is not None:
+            config["ragged_policy"] = self.ragged_policy
+        return config
+
+
+def run_user_loop(import_path: str, config: dict[str, Any]) -> Any:
+    """Runs on each worker: import the user's loop there and call it with ``config``.
+
+    :param import_path: ``"package.module:function"``.
+    :param config: the loop's config.
+    """
+    return load_object(import_path)(config)
+
+
+def scaling_config(tpu: TpuSlice) -> Any:
+    """Ray Train's ScalingConfig for whole slices of ``tpu``'s shape: one worker per host.
+
+    :param tpu: the slice shape.
+    """
+    from ray.train import ScalingConfig
+
+    return ScalingConfig(
+        use_tpu=True,
+        topology=tpu.topology,
+        accelerator_type=tpu.ray_accelerator_type,
+        num_workers=tpu.hosts_per_slice * tpu.num_slices,
+    )
+
+
+def check_datasets(spec: TrainSpec, datasets: dict[str, Any]) -> None:
+    """Fail before training if a dataset does not batch under the ragged policy.
+
+    :param spec: the job description (``batch_size`` and ``ragged_policy``).
+    :param datasets: name -> ``ray.data.Dataset``.
+    """
+    if spec.batch_size is None or spec.ragged_policy is None:
+        return
+    for name, dataset in datasets.items():
+        try:
+            check_batches(dataset.count(), spec.batch_size, spec.num_workers, spec.ragged_policy)
+        except ValueError as error:
+            raise type(error)(f"dataset {name!r} ({spec.datasets[name]}): {error}") from None
+
+
+def build_trainer(spec: TrainSpec) -> Any:
+    """The JaxTrainer for ``spec`` (connect to Ray first).
+
+    :param spec: the job description.
+    """
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+    from ray.train.v2.jax import JaxTrainer
+
+    from airflow_provider_raytpu.workloads.datasets import read_dataset
+
+    datasets = {name: read_dataset(uri) for name, uri in spec.datasets.items()}
+    check_datasets(spec, datasets)
+    storage = resolve(spec.checkpoint_uri)
+    return JaxTrainer(
+        functools.partial(run_user_loop, spec.train_loop),
+        train_loop_config=spec.loop_config(),
+        scaling_config=scaling_config(spec.tpu),
+        run_config=RunConfig(
+            name=spec.run_name,
+            storage_path=storage.path,
+            storage_filesystem=storage.filesystem,
+            failure_config=FailureConfig(max_failures=spec.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoints_to_keep),
+        ),
+        datasets=datasets or None,
+    )
+
+
+def summarize(spec: TrainSpec, result: Any, seconds: float) -> dict[str, Any]:
+    """The job's result from Ray Train's Result: final metrics, newest checkpoint, steps.
+
+    The metrics are those rank 0 reported with the newest checkpoint
+    (``TrainCheckpoints`` adds ``step``, ``resumed_from_step`` and ``checkpoint_uri``).
+
+    :param spec: the job description.
+    :param result: ``trainer.fit()``'s Result.
+    :param seconds: the job's wall time.
+    """
+    metrics = dict(result.metrics or {})
+    checkpoint = getattr(result, "checkpoint", None)
+    checkpoint_uri = uri_for(checkpoint.filesystem, checkpoint.path) if checkpoint else metrics.get("checkpoint_uri")
+    return {
+        "metrics": metrics,
+        "checkpoint_uri": checkpoint_uri,
+        "steps": metrics.get("step"),
+        "resumed_from_step": metrics.get("resumed_from_step"),
+        "run_name": spec.run_name,
+        "seconds": round(seconds, 3),
+    }
+
+
+def run_training(spec: TrainSpec) -> dict[str, Any]:
+    """Run the job in this process (connecting to Ray if needed) and return its result.
+
+    :param spec: the job description.
+    :raises ImportError: when the loop's module cannot be found.
+    :raises RaggedBatchError: before training, when a dataset does not batch under "raise".
+    :raises ray.train.TrainingFailedError: when training fails beyond ``max_failures``.
+    """
+    from airflow_provider_raytpu.workloads.session import connect
+
+    started = time.monotonic()
+    check_importable(spec.train_loop)  # before connecting: a typo fails in a second
+    connected = connect()
+    try:
+        result = build_trainer(spec).fit()
+    finally:
+        if connected:
+            import ray
+
+            ray.shutdown()
+    return summarize(spec, result, time.monotonic() - started)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainSpec:
+    """Parse the command line into a :class:`TrainSpec`.
+
+    :param argv: arguments without the program name; ``sys.argv[1:]`` if ``None``.
+    """
+    parser = argparse.ArgumentParser(prog="python -m airflow_provider_raytpu.workloads.train")
+    parser.add_argument("--train-loop", required=True, help="package.module:train_loop_per_worker")
+    parser.add_argument("--tpu", required=True, type=_json_object, help="TpuSlice.to_dict() as JSON")
+    parser.add_argument("--run-name", required=True)
+    parser.add_argument("--checkpoint-uri", required=True, help="gs://bucket/prefix or a local path")
+    parser.add_argument("--config", type=_json_object, default={})
+    parser.add_argument("--datasets", type=_json_object, default={}, help='JSON {"train": "gs://..."}')
+    parser.add_argument("--max-failures", type=int, default=0)
+    parser.add_argument(
+        "--checkpoints-to-keep", type=int, default=3, help="newest registered checkpoints to keep; 0 keeps all"
+    )
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--ragged-policy", choices=POLICIES, default=None)
+    args = parser.parse_args(argv)
+    if (args.batch_size is None) != (args.ragged_policy is None):
+        parser.error("--batch-size and --ragged-policy go together")
+    return TrainSpec(
+        train_loop=args.train_loop,
+        tpu=TpuSlice.from_dict(args.tpu),
+        run_name=args.run_name,
+        checkpoint_uri=args.checkpoint_uri,
+        config=args.config,
+        datasets={str(k): str(v) for k, v in args.datasets.items()},
+        max_failures=args.max_failures,
+        checkpoints_to_keep=args.checkpoints_to_keep or None,
+        batch_size=args.batch_size,
+        ragged_policy=args.ragged_policy,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse, train, print the result line. Returns the process exit code.
+
+    :param argv: arguments without the program name.
+    """
+    try:
+        spec = parse_args(argv)
+    except ValueError as error:  # InvalidInputError from the slice shape
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        result = run_training(spec)
+    except (RaggedBatchError, ImportError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as error:
+        from ray.train import TrainingFailedError
+
+        if not isinstance(error, TrainingFailedError):
+            raise
+        print(f"error: training failed: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    report_result(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

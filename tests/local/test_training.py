@@ -1,0 +1,168 @@
+"""Ray Data preprocessing and JaxTrainer training as Airflow tasks on an emulated slice, with GCS (fake-gcs-server).
+
+Fault tolerance at the Airflow level: a Ray job that dies mid-training is resubmitted by
+the Airflow retry and resumes from the latest orbax checkpoint in GCS; a TPU host that
+dies is recreated with its whole slice by the local backend (as KubeRay would) and Ray
+Train resumes within the same job. Both end on the same loss as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from ray.job_submission import JobSubmissionClient
+
+from airflow_provider_raytpu.backends.local import LocalBackend
+from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
+from airflow_provider_raytpu.status import Phase
+from airflow_provider_raytpu.tpu import TpuSlice
+from tests.airflow_runner import run_dag
+from tests.gcs import GcsStorage, fake_gcs  # noqa: F401  (fixture)
+from tests.local.conftest import CLUSTER_READY_TIMEOUT, EmulatedCluster, watch_until
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
+
+PIPELINE = Path(__file__).resolve().parents[2] / "example_dags" / "pipeline"
+CONFIG = {"seed": 11, "total_steps": 30, "checkpoint_every": 5, "eval_dataset": "eval"}
+
+
+@pytest.fixture(scope="module")
+def emulated_cluster(local_backend: LocalBackend, fake_gcs: GcsStorage, raytpu_home: Path) -> Iterator[EmulatedCluster]:
+    """A v4 2x2x2 slice whose hosts reach the fake GCS, behind the ``raytpu_default`` connection."""
+    import asyncio
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    patch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT",
+                 json.dumps({"conn_type": "raytpu", "extra": {"backend": "local", "local_home": str(raytpu_home)}}))
+    manifest = build_ray_cluster(name="train", namespace="default", tpu=TpuSlice("v4", "2x2x2"))
+    result = local_backend.apply_cluster(manifest)
+    asyncio.run(watch_until(local_backend, "train", "default", lambda s: s.phase is Phase.READY, CLUSTER_READY_TIMEOUT))
+    yield EmulatedCluster("train", "default", manifest, result.action.value)
+    local_backend.delete_cluster("train", "default")
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
+def raw_data(fake_gcs: GcsStorage) -> str:
+    import sys
+
+    sys.path.insert(0, str(PIPELINE.parent))
+    from pipeline.data import write_dataset
+
+    return write_dataset(fake_gcs.uri("raw", "rows.jsonl"), 600, seed=3)
+
+
+def pipeline_dag(dag_id: str, raw: str, out: str, checkpoints: str, retries: int = 0) -> str:
+    return f'''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.ray_data import RayDataOperator
+from airflow_provider_raytpu.operators.jax_trainer import JaxTrainerOperator
+
+ship = {{"py_modules": [{str(PIPELINE)!r}]}}
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1)):
+    prep = RayDataOperator(task_id="preprocess", cluster_name="train", input_uri={raw!r}, output_uri={out!r},
+                           transform="pipeline.transforms:normalise", runtime_env=ship, poll_interval=0.5)
+    train = JaxTrainerOperator(
+        task_id="train", cluster_name="train", train_loop="pipeline.train_loop:train_loop_per_worker",
+        checkpoint_uri={checkpoints!r}, config={CONFIG!r}, accelerator="v4", topology="2x2x2",
+        datasets={{"eval": "{{{{ ti.xcom_pull('preprocess')['output_uri'] }}}}"}}, batch_size=32, ragged_policy="pad",
+        runtime_env=ship, retries={retries}, retry_delay=0, deferrable=False, poll_interval=0.5,
+    )
+    prep >> train
+'''
+
+
+@pytest.fixture(scope="module")
+def reference(airflow_home: Path, emulated_cluster: EmulatedCluster, raw_data: str, fake_gcs: GcsStorage) -> dict:
+    """An uninterrupted pipeline run: the figures the interrupted runs must match."""
+    outcome = run_dag(airflow_home, pipeline_dag("pipeline_ok", raw_data, fake_gcs.uri("prep-ok"),
+                                                 fake_gcs.uri("ckpt-ok")), "pipeline_ok")
+    assert {t: o.state for t, o in outcome.items()} == {"preprocess": "success", "train": "success"}
+    return {task: o.result for task, o in outcome.items()}
+
+
+def test_preprocess_then_train(reference: dict, fake_gcs: GcsStorage) -> None:
+    prep, train = reference["preprocess"], reference["train"]
+    assert (prep["rows_in"], prep["rows_out"]) == (600, 600)
+    assert prep["output_uri"].startswith(f"gs://{fake_gcs.bucket}/prep-ok")
+    assert train["steps"] == 30 and train["resumed_from_step"] is None
+    assert train["metrics"]["eval_rows"] == 600
+    assert train["checkpoint_uri"].startswith(f"gs://{fake_gcs.bucket}/ckpt-ok/") and train["checkpoint_uri"].endswith("/30")
+
+
+def latest_step(fake_gcs: GcsStorage, prefix: str) -> int:
+    """The newest committed orbax step under a checkpoint prefix."""
+    steps = [int(p.split("/orbax/")[1].split("/")[0]) for p in fake_gcs.objects(prefix)
+             if "/orbax/" in p and p.split("/orbax/")[1].split("/")[0].isdigit() and "commit_success" in p]
+    return max(steps, default=-1)
+
+
+def run_with_fault(airflow_home: Path, dag_id: str, raw: str, fake_gcs: GcsStorage, fault, retries: int) -> tuple[dict, int]:
+    checkpoints = fake_gcs.uri(f"ckpt-{dag_id}")
+    seen: dict[str, int] = {}
+
+    def inject() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and latest_step(fake_gcs, checkpoints.split("/", 3)[3]) < 10:
+            time.sleep(0.3)
+        seen["step"] = latest_step(fake_gcs, checkpoints.split("/", 3)[3])
+        fault()
+
+    thread = threading.Thread(target=inject, daemon=True)
+    thread.start()
+    outcome = run_dag(airflow_home, pipeline_dag(dag_id, raw, fake_gcs.uri(f"prep-{dag_id}"), checkpoints, retries),
+                      dag_id)
+    thread.join(5)
+    assert outcome["train"].state == "success", outcome
+    return {"result": outcome["train"].result, "try_number": outcome["train"].try_number}, seen["step"]
+
+
+def test_dead_job_is_resubmitted_by_the_retry_and_resumes(airflow_home: Path, emulated_cluster: EmulatedCluster,
+                                                          local_backend: LocalBackend, raw_data: str,
+                                                          fake_gcs: GcsStorage, reference: dict) -> None:
+    jobs = JobSubmissionClient(local_backend.dashboard_url("train", "default"))
+
+    def stop_training_job() -> None:
+        (job,) = [j for j in jobs.list_jobs() if (j.metadata or {}).get("raytpu.dag_id") == "job_dies"
+                  and j.metadata["raytpu.task_id"] == "train" and str(j.status) == "RUNNING"]
+        jobs.stop_job(job.submission_id)
+
+    started = time.monotonic()
+    run, checkpointed = run_with_fault(airflow_home, "job_dies", raw_data, fake_gcs, stop_training_job, retries=1)
+    result = run["result"]
+    print(f"\n[fault] job dies: checkpoint at step {checkpointed} when stopped, resumed from "
+          f"{result['resumed_from_step']}, {time.monotonic() - started:.0f} s")
+    assert run["try_number"] == 2
+    assert result["resumed_from_step"] >= checkpointed >= 10
+    assert result["steps"] == 30
+    assert abs(result["metrics"]["loss"] - reference["train"]["metrics"]["loss"]) <= 1e-6
+
+
+def test_dead_host_is_recreated_and_training_resumes(airflow_home: Path, emulated_cluster: EmulatedCluster,
+                                                     local_backend: LocalBackend, raw_data: str,
+                                                     fake_gcs: GcsStorage, reference: dict) -> None:
+    def kill_host_1() -> None:
+        (slice_,) = local_backend.state("train", "default")["slices"]
+        host = psutil.Process(next(h["pid"] for h in slice_["hosts"] if h["worker_id"] == 1))
+        raylet = next(p for p in host.children(recursive=True) if p.name() == "raylet")
+        os.kill(raylet.pid, signal.SIGKILL)
+
+    started = time.monotonic()
+    run, checkpointed = run_with_fault(airflow_home, "host_dies", raw_data, fake_gcs, kill_host_1, retries=0)
+    result = run["result"]
+    print(f"\n[fault] host dies: checkpoint at step {checkpointed} when killed, resumed from "
+          f"{result['resumed_from_step']}, {time.monotonic() - started:.0f} s")
+    assert run["try_number"] == 1, "the job itself survived: Ray Train restarted the worker group"
+    assert result["resumed_from_step"] >= checkpointed >= 10
+    assert abs(result["metrics"]["loss"] - reference["train"]["metrics"]["loss"]) <= 1e-6
+    assert local_backend.state("train", "default")["slices"][0]["restarts"] >= 1

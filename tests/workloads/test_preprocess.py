@@ -1,0 +1,125 @@
+"""The Ray Data preprocessing job on the emulated slice: tasks, an actor pool on TPU hosts, gs:// and replacement."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_raytpu.workloads import storage
+from airflow_provider_raytpu.workloads.preprocess import PreprocessSpec, parse_args, run_preprocess
+from airflow_provider_raytpu.workloads.result import last_result
+from example_dags.pipeline.data import generate_rows, write_dataset
+from example_dags.pipeline.transforms import Embedder, normalise
+from tests.gcs import GcsStorage
+from tests.workloads.conftest import REPO, driver_env
+from tests.workloads.ray_slice import EmulatedSlice
+
+pytestmark = pytest.mark.ray
+ROWS = 600
+
+
+def read_output(uri: str) -> dict[str, list]:
+    """Every row under ``uri``, read with pyarrow straight from storage, sorted by id."""
+    location = storage.resolve(uri)
+    files = storage.list_files(uri)
+    table = pq.ParquetDataset(files, filesystem=location.filesystem).read().sort_by("id")
+    return table.to_pydict()
+
+
+@pytest.fixture(scope="module")
+def raw_jsonl(fake_gcs: GcsStorage) -> str:
+    return write_dataset(fake_gcs.uri("raw", "rows.jsonl"), ROWS, seed=7, fmt="jsonl")
+
+
+def test_cli_arguments() -> None:
+    spec = parse_args(
+        ["--input", "gs://b/in", "--output", "gs://b/out", "--transform", "m:f", "--concurrency", "2",
+         "--num-tpus-per-actor", "4", "--resources", '{"CPU": 2, "slice-a": 1}', "--transform-kwargs", '{"dim": 8}']
+    )
+    assert spec == PreprocessSpec(
+        "gs://b/in", "gs://b/out", "m:f", concurrency=2, num_tpus_per_actor=4.0,
+        resources={"CPU": 2, "slice-a": 1}, transform_kwargs={"dim": 8},
+    )
+
+
+def test_function_transform_runs_as_tasks(ray_client: EmulatedSlice, raw_jsonl: str, tmp_path: Path) -> None:
+    output = str(tmp_path / "clean")
+    result = run_preprocess(PreprocessSpec(raw_jsonl, output, "example_dags.pipeline.transforms:normalise", batch_size=100))
+    assert result["rows_in"] == result["rows_out"] == ROWS
+    assert result["output_uri"] == output and result["rows_per_second"] > 0
+    rows = read_output(output)
+    # Exactly what the transform gives when applied to the raw rows here, in one batch.
+    raw = generate_rows(ROWS, seed=7)
+    expected = normalise({k: np.asarray([r[k] for r in raw], dtype=object if k in ("text", "x") else None) for k in raw[0]})
+    assert rows["id"] == list(range(ROWS))
+    assert rows["text"] == list(expected["text"])
+    np.testing.assert_allclose(np.asarray(rows["features"]), expected["features"], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(rows["tokens"]), expected["tokens"])
+
+
+def test_callable_class_runs_as_an_actor_pool_on_tpu_hosts(ray_client: EmulatedSlice, raw_jsonl: str, tmp_path: Path) -> None:
+    spec = PreprocessSpec(
+        raw_jsonl,
+        str(tmp_path / "where"),
+        "tests.workloads.transforms_for_tests:WhereAmI",
+        batch_size=50,
+        concurrency=2,
+        num_tpus_per_actor=4,  # a whole host's chips: one actor per TPU host
+        transform_kwargs={"tag": "from-kwargs"},
+    )
+    result = run_preprocess(spec)
+    assert result["rows_out"] == ROWS
+    rows = read_output(spec.output_uri)
+    host_nodes = {node.node_id for node in ray_client.hosts.values()}
+    assert set(rows["node_id"]) <= host_nodes  # only TPU hosts have "TPU" resources
+    assert set(rows["tpu_worker_id"]) <= {"0", "1"}
+    # Stateful: each actor built its model once and served many batches (12 batches, <= 2 actors).
+    assert 1 <= len(set(rows["instance"])) <= 2
+    assert set(rows["tag"]) == {"from-kwargs"}
+
+
+def test_gcs_job_replaces_its_output_on_rerun(ray_slice: EmulatedSlice, fake_gcs: GcsStorage, raw_jsonl: str) -> None:
+    output = fake_gcs.uri("embedded")
+    prefix = output.split("/", 3)[3]
+    command = [
+        sys.executable, "-m", "airflow_provider_raytpu.workloads.preprocess",
+        "--input", raw_jsonl, "--output", output, "--transform", "example_dags.pipeline.transforms:Embedder",
+        "--concurrency", "1", "--batch-size", "200", "--transform-kwargs", '{"dim": 8}',
+    ]
+    env = driver_env(ray_slice)
+
+    first = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    result = last_result(first.stdout)
+    assert result is not None and result["rows_in"] == result["rows_out"] == ROWS
+    assert result["output_uri"] == output
+    first_files = fake_gcs.objects(prefix + "/")
+    first_rows = read_output(output)
+
+    # Leftovers of a crashed attempt: a stale temp sibling and a foreign file in the output.
+    location = storage.resolve(output)
+    with location.filesystem.open_output_stream(location.path + ".raytpu-tmp/part-0-from-a-crashed-attempt.parquet") as stream:
+        stream.write(b"junk")
+    pq.write_table(
+        pq.read_table(storage.list_files(output)[0], filesystem=location.filesystem),
+        location.child("stale-duplicate.parquet").path,
+        filesystem=location.filesystem,
+    )
+    assert len(read_output(output)["id"]) > ROWS  # the duplicate is visible before the rerun
+
+    second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert last_result(second.stdout)["rows_out"] == ROWS
+    rows = read_output(output)
+    assert rows["id"] == list(range(ROWS))  # each row exactly once
+    assert not set(fake_gcs.objects(prefix + "/")) & set(first_files)  # every file is from the second run
+    assert not fake_gcs.objects(prefix + ".raytpu-tmp")  # no temp prefix left behind
+    # The embedding model is deterministic: same seed, same vectors, in any actor, on any run.
+    np.testing.assert_array_equal(np.asarray(rows["embedding"]), np.asarray(first_rows["embedding"]))
+    local = Embedder(dim=8)({"text": np.asarray(rows["text"][:5], dtype=object)})
+    np.testing.assert_allclose(local["embedding"], np.asarray(rows["embedding"][:5]), atol=1e-6)
