@@ -1,0 +1,147 @@
+"""docs/rbac.yaml is enough, and what it lacks is explained: the lifecycle DAG under a
+ServiceAccount token bound to exactly that Role, then to a copy without ``delete``."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.airflow_runner import run_dag
+from tests.k8s.controlplane import ControlPlane
+from tests.k8s.support import (
+    force_delete_clusters,
+    lifecycle_dag,
+    node_pools,
+    rayclusters,
+    states,
+    suffix,
+    use_connections,
+    wait_no_pods,
+)
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(420)]
+
+RBAC_YAML = Path(__file__).resolve().parents[2] / "docs" / "rbac.yaml"
+V4 = "tpu-v4-podslice"
+SA = "airflow-worker"
+
+
+@pytest.fixture(scope="module")
+def v4_nodes(k8s_control_plane: ControlPlane, head_nodes: list[str]) -> Iterator[list[str]]:
+    """One v4 2x2x2 slice's worth of hosts (2 nodes of 4 chips)."""
+    with node_pools(k8s_control_plane, (f"v4-rbac-{suffix()}", {"tpu": V4, "topology": "2x2x2"})) as pools:
+        yield next(iter(pools.values()))
+
+
+def documented_role() -> dict[str, Any]:
+    role = yaml.safe_load(RBAC_YAML.read_text())
+    assert role["kind"] == "Role" and role["apiVersion"] == "rbac.authorization.k8s.io/v1"
+    return role
+
+
+def without_delete_on_rayclusters(role: dict[str, Any]) -> dict[str, Any]:
+    """The same Role, except that ``delete`` on rayclusters is gone (other resources keep their verbs)."""
+    role = copy.deepcopy(role)
+    role["metadata"]["name"] += "-no-delete"
+    rules = []
+    for rule in role["rules"]:
+        if "rayclusters" in rule.get("resources", []) and "delete" in rule["verbs"]:
+            others = [r for r in rule["resources"] if r != "rayclusters"]
+            if others:
+                rules.append({**rule, "resources": others})
+            rules.append({**rule, "resources": ["rayclusters"], "verbs": [v for v in rule["verbs"] if v != "delete"]})
+        else:
+            rules.append(rule)
+    role["rules"] = rules
+    return role
+
+
+def bind(cp: ControlPlane, namespace: str, role: dict[str, Any]) -> str:
+    """Create ``role`` in ``namespace``, bind it (RoleBinding) to a fresh ServiceAccount; its token."""
+    from kubernetes import client
+
+    sa = f"{SA}-{suffix()}"
+    token = cp.token_for(sa, namespace)  # creates the ServiceAccount; no cluster-wide binding
+    with cp.api_client() as api:
+        rbac = client.RbacAuthorizationV1Api(api)
+        rbac.create_namespaced_role(namespace, role)
+        rbac.create_namespaced_role_binding(namespace, {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": f"{role['metadata']['name']}-{sa}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}],
+        })
+    return token
+
+
+def assert_only_namespaced(cp: ControlPlane, token: str, namespace: str) -> None:
+    """The token really is the restricted identity: no nodes, no other namespace."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    with cp.api_client(token=token) as api:
+        core = client.CoreV1Api(api)
+        assert core.list_namespaced_pod(namespace).items is not None
+        for forbidden in (core.list_node, lambda: core.list_namespaced_pod("default")):
+            with pytest.raises(ApiException) as denied:
+                forbidden()
+            assert denied.value.status == 403
+
+
+@pytest.fixture
+def namespace(k8s_control_plane: ControlPlane) -> Iterator[str]:
+    ns = k8s_control_plane.create_namespace(f"rbac-{suffix()}")
+    yield ns
+    force_delete_clusters(k8s_control_plane, ns)
+
+
+CREATE = {"cluster_name": "least-privilege", "accelerator": "v4", "topology": "2x2x2"}
+
+
+def test_documented_role_runs_the_whole_lifecycle(airflow_home: Path, k8s_control_plane: ControlPlane,
+                                                  v4_nodes: list[str], namespace: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    cp = k8s_control_plane
+    token = bind(cp, namespace, documented_role())
+    assert_only_namespaced(cp, token, namespace)
+    use_connections(monkeypatch, cp.kubeconfig_dict(token=token, user=SA, namespace=namespace), namespace)
+
+    outcome = run_dag(airflow_home, lifecycle_dag("k8s_rbac_ok", create=CREATE), "k8s_rbac_ok")
+    assert states(outcome) == {"create_cluster": "success", "wait_ready": "success", "delete_cluster": "success"}
+    assert outcome["wait_ready"].result["ready_hosts"] == 2
+    assert outcome["delete_cluster"].result["deleted"] is True
+    assert rayclusters(cp, namespace) == []
+    wait_no_pods(cp, namespace)
+
+
+def test_role_without_delete_fails_the_delete_task_with_a_permission_error(
+        airflow_home: Path, k8s_control_plane: ControlPlane, v4_nodes: list[str], namespace: str,
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    cp = k8s_control_plane
+    token = bind(cp, namespace, without_delete_on_rayclusters(documented_role()))
+    use_connections(monkeypatch, cp.kubeconfig_dict(token=token, user=SA, namespace=namespace), namespace)
+
+    outcome = run_dag(airflow_home, lifecycle_dag("k8s_rbac_no_delete", create=CREATE), "k8s_rbac_no_delete")
+    assert (outcome["create_cluster"].state, outcome["wait_ready"].state) == ("success", "success")
+    # Not retried (retries=1 in the DAG): no retry can grant a permission.
+    assert (outcome["delete_cluster"].state, outcome["delete_cluster"].try_number) == ("failed", 1)
+    assert [rc["metadata"]["name"] for rc in rayclusters(cp, namespace)] == ["least-privilege"]
+
+    log = capfd.readouterr().out
+    failure = next((ln for ln in log.splitlines() if "may not delete rayclusters.ray.io" in ln), None)
+    assert failure is not None, log[-5000:]
+    assert f"in namespace '{namespace}'" in failure
+    # The API server's own words, and the fix: the provider's Role.
+    assert f'User "system:serviceaccount:{namespace}:' in failure and 'cannot delete resource "rayclusters"' in failure
+    assert "Grant it the provider's Role" in failure and "'delete' on rayclusters.ray.io" in failure
+    # The task fails with that message (a PermissionDeniedError, so not retried), not with a
+    # traceback of the client's ApiException (ForbiddenException) and its HTTP headers.
+    assert "PermissionDeniedError: The connection's Kubernetes identity may not delete rayclusters.ray.io" in log
+    assert "AirflowFailException: The connection's Kubernetes identity may not delete rayclusters.ray.io" in log
+    assert "kubernetes.client.exceptions" not in log and "ApiException" not in log
+    assert "Reason: Forbidden" not in log and "HTTP response headers" not in log
