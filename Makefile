@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: install test test-unit test-kube test-k8s k8s-binaries constraints clean
+.PHONY: demo docs install test test-unit test-kube test-k8s test-ray k8s-binaries constraints clean
 
 install: $(STAMP)
 
@@ -19,7 +19,12 @@ $(STAMP): pyproject.toml constraints.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# nightly_finetune end to end on the local backend (fake GCS, emulated v4 2x2x2 slice); prints a summary.
+demo: install
+	$(PY) example_dags/demo/run.py
+
 test: install k8s-binaries
+	$(VENV)/bin/mkdocs build --strict --quiet -d build/site
 	$(PYTEST) tests/unit -q
 	$(PYTEST) tests/fakekube tests/kube -q
 	RAYTPU_REQUIRE_K8S=1 $(PYTEST) tests/k8s -q
@@ -38,6 +43,13 @@ k8s-binaries:
 
 test-k8s: install k8s-binaries
 	RAYTPU_REQUIRE_K8S=1 $(PYTEST) tests/k8s -q
+
+docs: install
+	$(VENV)/bin/mkdocs build --strict -d build/site
+
+# Real Ray: the local backend, Ray jobs, Serve, Ray Data and JaxTrainer on emulated TPU slices.
+test-ray: install
+	$(PYTEST) tests/local tests/workloads -q
 
 # Re-pin after changing dependencies in pyproject.toml.
 constraints: install

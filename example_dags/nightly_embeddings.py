@@ -1,0 +1,53 @@
+"""Nightly batch embedding on a TPU slice: a small JAX model, one actor per TPU host, parquet to GCS.
+
+create cluster -> wait until every host is ready -> Ray Data embedding (the model loads
+once per actor; each actor holds a whole TPU host) -> write parquet -> delete the cluster
+as a teardown. Re-running a day replaces that day's output, so retries never duplicate rows.
+"""
+
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG, Param
+
+from airflow_provider_raytpu.operators.ray_data import RayDataOperator
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator, DeleteRayClusterOperator
+from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
+
+CLUSTER = "{{ ti.xcom_pull('create_cluster')['cluster_name'] }}"
+
+with DAG(
+    "nightly_embeddings",
+    schedule="@daily",
+    start_date=datetime(2026, 12, 1),
+    catchup=False,
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    params={
+        "accelerator": Param("v6e", type="string", description="TPU generation: v4, v5e, v5p, v6e, v7x"),
+        "topology": Param("4x4", type="string", description="slice shape, e.g. 4x4 (never a chip count)"),
+        "slices": Param("1", type=["string", "integer"]),
+        "spot": Param("true", type=["string", "boolean"]),
+        "storage": Param("gs://raytpu-demo", type="string"),
+    },
+    tags=["raytpu", "tpu", "embeddings"],
+):
+    create = CreateRayClusterOperator(
+        task_id="create_cluster",
+        accelerator="{{ params.accelerator }}",
+        topology="{{ params.topology }}",
+        num_slices="{{ params.slices }}",
+        spot="{{ params.spot }}",
+    )
+    ready = RayClusterReadySensor(task_id="wait_cluster_ready", cluster_name=CLUSTER, timeout=3600, poll_interval=2)
+    embed = RayDataOperator(
+        task_id="embed",
+        cluster_name=CLUSTER,
+        input_uri="{{ params.storage }}/raw/rows.jsonl",
+        output_uri="{{ params.storage }}/embeddings/{{ ds }}",
+        transform="pipeline.transforms:Embedder",
+        actor_per_tpu_host=True,
+        runtime_env={"py_modules": [str(Path(__file__).resolve().parent / "pipeline")]},
+        poll_interval=1,
+    )
+    delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster_name=CLUSTER)
+    create >> ready >> embed >> delete.as_teardown(setups=create)

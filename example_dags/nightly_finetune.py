@@ -1,0 +1,106 @@
+"""Nightly fine-tuning on a TPU slice, then promotion of the served model to the new checkpoint.
+
+create cluster -> wait until every host of every slice is ready -> preprocess (Ray Data)
+-> fine-tune (JaxTrainer, orbax checkpoints in GCS, resumes after a retry or a lost host)
+-> promote the RayService to the new checkpoint -> wait until it serves it, with a smoke
+request -> the training cluster is deleted as a teardown, whatever happened.
+
+Runs unchanged on the local backend (``make demo``) and, by connection only, on GKE.
+Trigger it from the UI to choose the slice; the params arrive as strings and are parsed
+strictly. ``model_version`` serves an existing checkpoint instead of the new one.
+"""
+
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG, Param
+
+from airflow_provider_raytpu.operators.jax_trainer import JaxTrainerOperator
+from airflow_provider_raytpu.operators.ray_data import RayDataOperator
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator, DeleteRayClusterOperator
+from airflow_provider_raytpu.operators.rayservice import DeployRayServiceOperator
+from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
+from airflow_provider_raytpu.sensors.rayservice import RayServiceRunningSensor
+
+EXAMPLES = Path(__file__).resolve().parent
+SHIP_PIPELINE = {"py_modules": [str(EXAMPLES / "pipeline")]}
+CLUSTER = "{{ ti.xcom_pull('create_cluster')['cluster_name'] }}"
+
+with DAG(
+    "nightly_finetune",
+    schedule="@daily",
+    start_date=datetime(2026, 12, 1),
+    catchup=False,
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
+    params={
+        "accelerator": Param("v6e", type="string", description="TPU generation: v4, v5e, v5p, v6e, v7x"),
+        "topology": Param("4x4", type="string", description="slice shape, e.g. 4x4 (never a chip count)"),
+        "slices": Param("1", type=["string", "integer"]),
+        "spot": Param("false", type=["string", "boolean"]),
+        "serve_accelerator": Param("v6e", type="string"),
+        "serve_topology": Param("2x2", type="string"),
+        "storage": Param("gs://raytpu-demo", type="string", description="bucket (and prefix) for data and checkpoints"),
+        "total_steps": Param(30, type="integer"),
+        "model_version": Param("", type="string", description="serve this checkpoint instead of the new one"),
+    },
+    tags=["raytpu", "tpu", "training"],
+):
+    create = CreateRayClusterOperator(
+        task_id="create_cluster",
+        accelerator="{{ params.accelerator }}",
+        topology="{{ params.topology }}",
+        num_slices="{{ params.slices }}",
+        spot="{{ params.spot }}",
+    )
+    ready = RayClusterReadySensor(task_id="wait_cluster_ready", cluster_name=CLUSTER, timeout=3600, poll_interval=2)
+    preprocess = RayDataOperator(
+        task_id="preprocess",
+        cluster_name=CLUSTER,
+        input_uri="{{ params.storage }}/raw/rows.jsonl",
+        output_uri="{{ params.storage }}/features/{{ ds }}",
+        transform="pipeline.transforms:normalise",
+        runtime_env=SHIP_PIPELINE,
+        poll_interval=1,
+    )
+    train = JaxTrainerOperator(
+        task_id="train",
+        cluster_name=CLUSTER,
+        train_loop="pipeline.train_loop:train_loop_per_worker",
+        checkpoint_uri="{{ params.storage }}/checkpoints",
+        datasets={"eval": "{{ ti.xcom_pull('preprocess')['output_uri'] }}"},
+        config={"total_steps": "{{ params.total_steps }}", "checkpoint_every": 5, "eval_dataset": "eval"},
+        batch_size=32,
+        ragged_policy="pad",
+        max_failures=3,
+        runtime_env=SHIP_PIPELINE,
+        poll_interval=1,
+    )
+    delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster_name=CLUSTER)
+    promote = DeployRayServiceOperator(
+        task_id="promote_model",
+        service_name="finetuned-regressor",
+        accelerator="{{ params.serve_accelerator }}",
+        topology="{{ params.serve_topology }}",
+        version="{{ params.model_version or ti.xcom_pull('train')['checkpoint_uri'] }}",
+        applications=[
+            {
+                "name": "regressor",
+                "import_path": "pipeline.serve:build_app",
+                "route_prefix": "/",
+                "version_arg": "checkpoint_uri",
+                "deployments": [{"name": "Regressor", "num_replicas": 1, "max_surge_percent": 100}],
+            }
+        ],
+        # Locally the Serve replicas import `pipeline` from here; on GKE bake it into the image.
+        env={"PYTHONPATH": str(EXAMPLES)},
+    )
+    serving = RayServiceRunningSensor(
+        task_id="wait_serving",
+        service_name="{{ ti.xcom_pull('promote_model')['service_name'] }}",
+        version="{{ ti.xcom_pull('promote_model')['version'] }}",
+        deploying_timeout=900,
+        poll_interval=2,
+        smoke_request={"path": "/", "method": "POST", "json": {"inputs": [[0.5, -0.2, 0.1, 0.3, 0.0, 0.2, -0.1, 0.4]]}},
+    )
+    create >> ready >> preprocess >> train >> delete.as_teardown(setups=create)
+    train >> promote >> serving
