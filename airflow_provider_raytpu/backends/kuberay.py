@@ -280,27 +280,10 @@ class KubeRayBackend(ClusterBackend):
         return ApplyResult(Applied.UPDATED, updated)
 
     def get_cluster(self, name: str, namespace: str) -> dict[str, Any] | None:
-        try:
-            return self._call(
-                "get", namespace, self.custom_objects.get_namespaced_custom_object, GROUP, VERSION, namespace,
-                RAY_CLUSTERS, name,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._get_object(RAY_CLUSTERS, name, namespace)
 
     def delete_cluster(self, name: str, namespace: str) -> bool:
-        try:
-            self._call(
-                "delete", namespace, self.custom_objects.delete_namespaced_custom_object, GROUP, VERSION, namespace,
-                RAY_CLUSTERS, name, propagation_policy="Background",
-            )
-            return True
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
+        return self._delete_object(RAY_CLUSTERS, name, namespace)
 
     def list_clusters(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
         if namespace is None:
@@ -503,10 +486,14 @@ class KubeRayBackend(ClusterBackend):
             raise
 
     def delete_service(self, name: str, namespace: str) -> bool:
+        return self._delete_object(RAY_SERVICES, name, namespace)
+
+    def _delete_object(self, plural: str, name: str, namespace: str) -> bool:
+        """Delete a ray.io object; ``False`` when it was already gone."""
         try:
             self._call(
                 "delete", namespace, self.custom_objects.delete_namespaced_custom_object, GROUP, VERSION, namespace,
-                RAY_SERVICES, name, propagation_policy="Background", plural=RAY_SERVICES,
+                plural, name, propagation_policy="Background", plural=plural,
             )
             return True
         except ApiException as exc:

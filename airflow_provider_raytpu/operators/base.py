@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,19 @@ def fail_fast() -> Iterator[None]:
         yield
     except FatalError as exc:
         raise AirflowFailException(str(exc)) from exc
+
+
+def wait_until_gone(kind: str, name: str, namespace: str, get: Callable[[str, str], Any],
+                    timeout: float, poll_interval: float) -> None:
+    """Poll ``get`` until the object is gone, or fail naming what to check."""
+    deadline = time.monotonic() + timeout
+    while get(name, namespace) is not None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{kind} {namespace}/{name} still exists {timeout:.0f} s after delete; "
+                f"check for stuck finalizers with kubectl get {kind.lower()} {name} -n {namespace} -o yaml"
+            )
+        time.sleep(poll_interval)
 
 
 def origin_of(context: Context) -> AirflowOrigin:

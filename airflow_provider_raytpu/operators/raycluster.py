@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ from airflow_provider_raytpu.manifests.raycluster import (
     build_ray_cluster,
     parse_expiry,
 )
-from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast, origin_of
+from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast, origin_of, wait_until_gone
 from airflow_provider_raytpu.tpu import TpuSlice, parse_bool
 
 if TYPE_CHECKING:
@@ -211,14 +210,8 @@ class DeleteRayClusterOperator(ClusterTaskMixin, BaseOperator):
             deleted = self.backend.delete_cluster(name, namespace)
             self.log.info("RayCluster %s/%s %s", namespace, name, "deleted" if deleted else "was already gone")
             if self.wait_for_deletion:
-                deadline = time.monotonic() + self.deletion_timeout
-                while self.backend.get_cluster(name, namespace) is not None:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(
-                            f"RayCluster {namespace}/{name} still exists {self.deletion_timeout:.0f} s after delete; "
-                            "check for stuck finalizers with kubectl get raycluster -o yaml"
-                        )
-                    time.sleep(self.poll_interval)
+                wait_until_gone("RayCluster", name, namespace, self.backend.get_cluster, self.deletion_timeout,
+                                self.poll_interval)
         return {"cluster_name": name, "namespace": namespace, "deleted": deleted}
 
 

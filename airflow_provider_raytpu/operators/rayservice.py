@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +19,7 @@ from airflow_provider_raytpu.manifests.rayservice import (
     version_history,
 )
 from airflow_provider_raytpu.manifests.serveconfig import ServeApplication
-from airflow_provider_raytpu.operators.base import ServiceTaskMixin, fail_fast, origin_of
+from airflow_provider_raytpu.operators.base import ServiceTaskMixin, fail_fast, origin_of, wait_until_gone
 from airflow_provider_raytpu.operators.raycluster import SLICE_FIELDS
 from airflow_provider_raytpu.tpu import TpuSlice, parse_bool
 
@@ -302,12 +301,6 @@ class DeleteRayServiceOperator(ServiceTaskMixin, BaseOperator):
             deleted = backend.delete_service(name, namespace)
             self.log.info("RayService %s/%s %s", namespace, name, "deleted" if deleted else "was already gone")
             if self.wait_for_deletion:
-                deadline = time.monotonic() + self.deletion_timeout
-                while backend.get_service(name, namespace) is not None:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(
-                            f"RayService {namespace}/{name} still exists {self.deletion_timeout:.0f} s after delete; "
-                            "check for stuck finalizers with kubectl get rayservice -o yaml"
-                        )
-                    time.sleep(self.poll_interval)
+                wait_until_gone("RayService", name, namespace, backend.get_service, self.deletion_timeout,
+                                self.poll_interval)
         return {"service_name": name, "namespace": namespace, "deleted": deleted}
