@@ -1,6 +1,6 @@
-# Everything a fresh machine needs: `make test` (every test tier) and `make demo`.
-# Python packages come from PyPI pinned by constraints.txt; Kubernetes binaries are
-# built from Go modules once per machine into $(RAYTPU_K8S_CACHE).
+# Everything a fresh machine needs: `make demo` and `make test` (every test tier).
+# Python packages come from PyPI pinned by constraints.txt; the test control plane's
+# Kubernetes binaries are built from Go modules once per machine (tests/k8s/build_binaries.sh).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: demo docs install test test-unit test-kube test-k8s test-ray k8s-binaries constraints clean
+.PHONY: install demo test docs test-unit test-kube test-k8s test-ray k8s-binaries bench constraints clean
 
 install: $(STAMP)
 
@@ -23,33 +23,34 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(PY) example_dags/demo/run.py
 
-test: install k8s-binaries
+test: install k8s-binaries docs test-unit test-kube test-k8s test-ray
+
+docs: install
 	$(VENV)/bin/mkdocs build --strict --quiet -d build/site
-	$(PYTEST) tests/unit -q
-	$(PYTEST) tests/fakekube tests/kube -q
-	RAYTPU_REQUIRE_K8S=1 $(PYTEST) tests/k8s -q
 
-
+# Pure logic: slices, manifests (against the KubeRay CRD schemas), status, packaging.
 test-unit: install
 	$(PYTEST) tests/unit -q
 
+# Hooks, operators, triggers and DAG runs against a fake Kubernetes API over real HTTP.
 test-kube: install
+	$(PYTEST) tests/fakekube tests/kube -q
 
-
-# The real control plane (etcd, kube-apiserver, scheduler, controller manager, KubeRay) built
-# from Go modules once per machine into ~/.cache/airflow-provider-raytpu/k8s: 9-25 min cold, 0.05 s warm.
+# The real control plane: etcd, kube-apiserver, scheduler, controller manager and the KubeRay
+# operator, built once per machine into ~/.cache/airflow-provider-raytpu/k8s (9-25 min cold).
 k8s-binaries:
 	bash tests/k8s/build_binaries.sh
 
 test-k8s: install k8s-binaries
 	RAYTPU_REQUIRE_K8S=1 $(PYTEST) tests/k8s -q
 
-docs: install
-	$(VENV)/bin/mkdocs build --strict -d build/site
-
 # Real Ray: the local backend, Ray jobs, Serve, Ray Data and JaxTrainer on emulated TPU slices.
 test-ray: install
 	$(PYTEST) tests/local tests/workloads -q
+
+# Benchmarks against the existing tools (not part of `make test`); writes docs/benchmarks.md.
+bench: install k8s-binaries
+	$(PY) benchmarks/run_all.py
 
 # Re-pin after changing dependencies in pyproject.toml.
 constraints: install
