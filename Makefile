@@ -49,7 +49,7 @@ test-ray: install
 	$(PYTEST) tests/local tests/workloads -q
 
 # Benchmarks against the existing tools (not part of `make test`); writes docs/benchmarks.md.
-bench: install k8s-binaries
+bench: install
 	$(PY) benchmarks/run_all.py
 
 # Re-pin after changing dependencies in pyproject.toml.

@@ -252,7 +252,9 @@ def crashed_runs(
     # storage also holds the committed 25. Ray itself pruned 5 (it owns retention).
     assert wait_for(lambda: 20 in ray_registered(runs_uri, run), timeout=60), ray_registered(runs_uri, run)
     assert ray_registered(runs_uri, run) == [10, 15, 20]
-    assert orbax_steps(fake_gcs, runs_uri, run) == [10, 15, 20, 25]
+    # Ray writes its record first and deletes the pruned step's files after.
+    assert wait_for(lambda: orbax_steps(fake_gcs, runs_uri, run) == [10, 15, 20, 25], timeout=60), \
+        orbax_steps(fake_gcs, runs_uri, run)
     driver.kill()
     assert last_result(driver.stdout_path.read_text()) is None
     for scenario in ("driver-dies", "partial-step"):

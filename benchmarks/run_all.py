@@ -1,0 +1,185 @@
+"""Run every benchmark (each in its own interpreter, one after the other) and write docs/benchmarks.md.
+
+``make bench`` runs this. Each benchmark writes ``benchmarks/results/<name>.json``; the markdown
+table has the latest figures of every benchmark that has a result file (this run's, or an earlier
+one's when ``--only``/``--skip`` left it out: each says when it ran, with which command and the load
+average at its start).
+
+Run: ``.venv/bin/python benchmarks/run_all.py [--only a,b] [--skip c] [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import _common
+
+DOC = _common.REPO / "docs" / "benchmarks.md"
+
+# name -> (what it compares, extra args for --quick)
+BENCHMARKS: dict[str, tuple[str, list[str]]] = {
+    "sensor_reaction": ("status change -> trigger event: watch trigger vs polling at 5/10/30/60 s",
+                        ["--trials", "5", "--measure", "2", "--derive", "5,10,30,60", "--poll-loops", "4"]),
+    "api_load": ("API requests per waiting sensor-hour: watch trigger vs polling",
+                 ["--clusters", "3", "--window", "12", "--watch-seconds", "3"]),
+    "triggerer_capacity": ("one triggerer process with 200 / 1000 triggers: watch vs poll triggers",
+                           ["--sizes", "50", "--steady", "3", "--poll-interval", "3"]),
+    "dag_parse": ("parse time of each example DAG vs a bare airflow.sdk DAG of the same shape", ["--runs", "1"]),
+    "data_feeding": ("rows/s of JAX batches: iter_batches vs ds.iter_batches + jnp.asarray",
+                     ["--rows", "20480", "--epochs", "1"]),
+    "demo_wall_time": ("`make demo` end to end, wall time per task", []),
+}
+
+
+def run(name: str, extra: list[str]) -> dict[str, Any]:
+    script = _common.BENCH_DIR / f"{name}.py"
+    print(f"\n=== {name}: {' '.join(['.venv/bin/python', f'benchmarks/{name}.py', *extra])}", flush=True)
+    started = time.time()
+    proc = subprocess.run([_common.PYTHON, str(script), *extra], cwd=str(_common.REPO))
+    took = time.time() - started
+    path = _common.RESULTS / f"{name}.json"
+    fresh = path.exists() and path.stat().st_mtime >= started
+    return {"name": name, "returncode": proc.returncode, "seconds": took, "fresh_result": fresh}
+
+
+def load(name: str) -> dict[str, Any] | None:
+    path = _common.RESULTS / f"{name}.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def md_escape(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def write_doc(machine: dict[str, Any], command: str, ran: list[dict[str, Any]], started: float) -> None:
+    outcome = {r["name"]: r for r in ran}
+    load_avg = machine["load_average"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Latest figures, written by `benchmarks/run_all.py`. What each benchmark measures and how: "
+        "[`benchmarks/README.md`](../benchmarks/README.md); every figure with its raw samples is in "
+        "`benchmarks/results/<name>.json` after a run. Speed is measured here, never asserted in tests.",
+        "",
+        f"- Command: `{command}`{' (`make bench`)' if command.endswith('run_all.py') else ''}, started "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(started))}"
+        + ("; it ran nothing: the figures are the latest result files', each with its own command, time and "
+           "load below" if not ran else ""),
+        f"- Machine: {machine['cores']} cores, {machine.get('memory_gib', '?')} GiB memory, "
+        f"Python {machine['python']}, {machine['platform']}",
+        f"- Load average at start: {load_avg[0]} / {load_avg[1]} / {load_avg[2]} (1 / 5 / 15 min); the machine is "
+        "shared with other engineers' test runs, so absolute times move with the load: the ratios, measured side "
+        "by side in one run, are the figures to compare.",
+        "- *how*: `measured` = both sides measured in the same run; `derived` = computed from measured figures "
+        "(the benchmark's JSON says how).",
+        "",
+        "| benchmark | metric | ours | baseline | ours/baseline | unit | how |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    notes: list[str] = []
+    for name, (what, _) in BENCHMARKS.items():
+        data = load(name)
+        ran_now = outcome.get(name)
+        if data is None:
+            status = "failed" if ran_now else "not run"
+            lines.append(f"| {name} | *{status}: no result* | | | | | |")
+            continue
+        if ran_now and not ran_now["fresh_result"]:
+            lines.append(f"| {name} | *failed in this run (exit {ran_now['returncode']}); figures below are from "
+                         f"{data.get('started_at')}* | | | | | |")
+        if data.get("skipped"):
+            lines.append(f"| {name} | *skipped: {md_escape(data.get('reason', ''))}* | | | | | |")
+        elif data.get("error") and not data.get("summary"):
+            lines.append(f"| {name} | *error: {md_escape(data['error'])}* | | | | | |")
+        for row in data.get("summary", []):
+            baseline = _common.fmt(row["baseline"])
+            if row.get("baseline_name"):
+                baseline = f"{baseline} ({md_escape(row['baseline_name'])})" if row["baseline"] is not None else "-"
+            lines.append(
+                f"| {name} | {md_escape(row['metric'])} | {_common.fmt(row['ours'])} | {baseline} | "
+                f"{_common.fmt_ratio(row['ratio'])} | {row['unit']} | {row['how']} |"
+            )
+        m = data.get("machine", {})
+        when = "this run" if ran_now and ran_now["fresh_result"] else f"an earlier run ({data.get('started_at')})"
+        took = f", took {data['duration_seconds']:.0f} s" if data.get("duration_seconds") is not None else ""
+        notes.append(f"- **{name}** — {what}. `{data.get('command')}`; {when}{took}; load average at its start "
+                     f"{(m.get('load_average') or ['?'])[0]}.")
+    lines += ["", "## Commands and load per benchmark", "", *notes, ""]
+    findings = _findings()
+    if findings:
+        lines += ["## Notes from the figures", "", *findings, ""]
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text("\n".join(lines))
+
+
+def _findings() -> list[str]:
+    """A few plain-language lines read off the result files (only what the numbers say)."""
+    out = []
+    cap = load("triggerer_capacity") or {}
+    timeout = (cap.get("parameters") or {}).get("establish_timeout_s")
+    cuts = {r["triggers"]: r for r in cap.get("runs", []) if r.get("variant") == "watch-cut" and "error" not in r}
+    for r in cap.get("runs", []):
+        if r.get("variant") != "watch" or "error" in r:
+            continue
+        n = r["triggers"]
+        line = (f"- triggerer_capacity, {n} watch triggers: {r['rss_per_trigger_kib']:,.0f} KiB RSS per trigger; "
+                f"establishing every watch took {r['establish_s']:.0f} s")
+        ssl_est = (r.get("ssl_contexts_created") or {}).get("establish")
+        if ssl_est:
+            line += (f", building {ssl_est['calls'] / n:.1f} SSL contexts per trigger (kubernetes_asyncio builds one "
+                     f"per ApiClient and loads the CA store into it), "
+                     f"{ssl_est['seconds'] / max(1, ssl_est['calls']) * 1000:.0f} ms each on the event loop")
+        cut = cuts.get(n)
+        if cut:
+            reqs = cut.get("api_requests_by_verb") or {}
+            back = (f"all were open again after {cut['all_back_s']:.0f} s" if cut["all_back"]
+                    else f"{cut.get('open_watches_at_end', '?')} of {n} were open again after {timeout or '?':g} s "
+                         f"(the API server saw {reqs.get('list', 0):,} lists and {reqs.get('watch', 0):,} watch "
+                         "requests meanwhile)")
+            line += (f". With every watch cut at once (an API server restart), {back}; re-opening cost "
+                     f"{cut['cpu_ms_per_rewatch']:.0f} ms of CPU and {cut['ssl_contexts_per_cut_watch']:.1f} SSL "
+                     f"contexts per watch, and blocked the loop up to {(cut['lag_ms'].get('max') or 0) / 1000:.1f} s")
+        out.append(line + ".")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default="", help="comma-separated benchmarks to run (default: all)")
+    parser.add_argument("--skip", default="", help="comma-separated benchmarks to leave out")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the scripts work, figures are rough")
+    parser.add_argument("--doc-only", action="store_true",
+                        help="run nothing: write docs/benchmarks.md from the latest result files")
+    args = parser.parse_args()
+    only = [n for n in args.only.split(",") if n]
+    skip = {n for n in args.skip.split(",") if n}
+    unknown = [n for n in [*only, *skip] if n not in BENCHMARKS]
+    if unknown:
+        raise SystemExit(f"unknown benchmarks {unknown}; known: {', '.join(BENCHMARKS)}")
+    names = [n for n in (only or BENCHMARKS) if n not in skip]
+    machine = _common.machine_info()
+    command = _common.command_line()
+    started = time.time()
+    print(f"{len(names)} benchmarks on {machine['cores']} cores, load average {machine['load_average']}", flush=True)
+    ran = [] if args.doc_only else [run(n, BENCHMARKS[n][1] if args.quick else []) for n in names]
+    write_doc(machine, command, ran, started)
+    print(f"\nwrote {DOC.relative_to(_common.REPO)}")
+    _common.print_table(["benchmark", "exit", "seconds", "result"],
+                        [[r["name"], r["returncode"], f"{r['seconds']:.0f}", "fresh" if r["fresh_result"] else "none"]
+                         for r in ran])
+    if any(r["returncode"] != 0 for r in ran):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
