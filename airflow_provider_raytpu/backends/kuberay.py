@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -63,6 +64,7 @@ CLUSTER_LABEL = "ray.io/cluster"
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 WATCH_SECONDS = 240
 WATCH_FAILURES_BEFORE_POLLING = 3
+POLL_BEFORE_WATCHING_AGAIN_SECONDS = 120.0
 APPLY_CONFLICT_ATTEMPTS = 5
 SERVE_APPLICATIONS_ENDPOINT = "/api/serve/applications/"
 
@@ -359,12 +361,13 @@ class KubeRayBackend(ClusterBackend):
         """Watch one custom object (field selector on its name) and yield ``read(client, object)`` on every change.
 
         ``object`` is ``None`` when it does not exist or was deleted. Resumes from the last
-        resourceVersion after a dropped stream, lists again on 410 Gone, and falls back to
-        polling every ``poll_interval`` seconds after repeated watch failures (e.g. a proxy
-        that cuts streams).
+        resourceVersion after a dropped stream, lists again on 410 Gone, and after repeated
+        watch failures (e.g. a proxy that cuts streams) polls every ``poll_interval`` seconds
+        for a while before it tries watching again.
         """
         kind = KINDS[plural]
         failures = 0
+        polling_until = 0.0
         resource_version: str | None = None
         while True:
             try:
@@ -378,6 +381,10 @@ class KubeRayBackend(ClusterBackend):
                         items = listed.get("items") or []
                         yield await read(api_client, items[0] if items else None)
                     if failures >= WATCH_FAILURES_BEFORE_POLLING:
+                        log.warning("Watching %s %s failed %d times; polling every %s s for %s s, then watching again",
+                                    kind, name, failures, poll_interval, POLL_BEFORE_WATCHING_AGAIN_SECONDS)
+                        failures, polling_until = 0, time.monotonic() + POLL_BEFORE_WATCHING_AGAIN_SECONDS
+                    if time.monotonic() < polling_until:
                         await asyncio.sleep(poll_interval)
                         resource_version = None
                         continue

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_raytpu.backends import kuberay as kuberay_backend
 from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.tpu import TpuSlice
@@ -92,6 +93,19 @@ async def test_polls_when_watching_keeps_failing(backend: KubeRayBackend, kube: 
     kuberay.set_mode("auto")
     assert (await task)["status"] == "READY"
     assert kube.count("GET", r"/rayclusters$", watch=False) >= 2
+
+
+async def test_watches_again_after_a_spell_of_polling(backend: KubeRayBackend, kube: FakeKubeApiServer,
+                                                     kuberay: KubeRayReactor, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kuberay_backend, "POLL_BEFORE_WATCHING_AGAIN_SECONDS", 1.0)
+    kube.inject("GET", r"/rayclusters$", 500, times=3, watch=True)
+    kuberay.set_mode("hold")
+    create(backend)
+    task = asyncio.create_task(first_event(trigger(poll_interval=0.2)))
+    await asyncio.to_thread(kube.wait_for, lambda: kube.open_watches == 1)
+    assert kube.count("GET", r"/rayclusters$", watch=False) >= 3  # it polled between the failures and the new watch
+    kuberay.set_mode("auto")
+    assert (await task)["status"] == "READY"
 
 
 async def test_fails_fast_on_replica_failure(backend: KubeRayBackend, kuberay: KubeRayReactor) -> None:
