@@ -64,6 +64,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from tests.k8s.hostpods import LABEL_HOST_PROCESSES, HostProcessPod, host_address
+
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build_binaries.sh"
 
@@ -566,6 +568,9 @@ class ControlPlane:
         return self._component("kuberay-operator", [
             str(self.bin_dir / "kuberay-operator"),
             "--feature-gates=RayMultiHostIndexing=true",
+            # Dashboards and Serve proxies through the API server (services/proxy, pods/proxy): the
+            # operator runs outside any pod network, and the API server can reach host-process pods.
+            "--use-kubernetes-proxy",
             "--enable-leader-election=false",
             f"--metrics-addr=127.0.0.1:{self.operator_metrics_port}",
             f"--health-probe-bind-address=127.0.0.1:{self.operator_probe_port}",
@@ -738,7 +743,7 @@ class ControlPlane:
                       chips_per_node: int = 4, spot: bool = False, cpu: str = "8",
                       memory: str = "32Gi", pods: str = "110", labels: dict[str, str] | None = None,
                       zone: str = "us-central2-b", wait_ready: bool = True,
-                      timeout: float = 30.0) -> list[str]:
+                      host_processes: bool = False, timeout: float = 30.0) -> list[str]:
         """Create Nodes that look like a GKE node pool; return their names.
 
         CPU pool: ``add_node_pool("cpu", cpu_nodes=1)``. TPU pool:
@@ -747,7 +752,9 @@ class ControlPlane:
         Calling it again with the same ``name`` adds nodes to that pool
         (``gke-<name>-<index>``), e.g. to replace a preempted node.
         With ``wait_ready`` waits until the node lifecycle controller has
-        removed the ``node.kubernetes.io/not-ready`` taint.
+        removed the ``node.kubernetes.io/not-ready`` taint. With ``host_processes``
+        (one CPU node) the node's InternalIP is this machine's address and its pods'
+        containers really run, as processes here (tests/k8s/hostpods.py).
         """
         from kubernetes import client
 
@@ -764,6 +771,8 @@ class ControlPlane:
         else:
             num_nodes = cpu_nodes
         assert num_nodes is not None
+        if host_processes and (tpu is not None or num_nodes != 1):
+            raise ValueError("host_processes= is for one CPU node: its pods' ports are this machine's")
 
         base_labels = {
             LABEL_NODEPOOL: name,
@@ -784,6 +793,8 @@ class ControlPlane:
             taints.append(client.V1Taint(key=TPU_RESOURCE, value="present", effect="NoSchedule"))
         else:
             base_labels["node.kubernetes.io/instance-type"] = "e2-standard-8"
+        if host_processes:
+            base_labels[LABEL_HOST_PROCESSES] = "true"
         if spot:
             base_labels[LABEL_SPOT] = "true"
             taints.append(client.V1Taint(key=LABEL_SPOT, value="true", effect="NoSchedule"))
@@ -799,7 +810,7 @@ class ControlPlane:
                     index = self._pool_sizes.get(name, 0)  # adding to a pool again scales it up
                     self._pool_sizes[name] = index + 1
                 node_name = f"gke-{name}-{index}"
-                node_ip = f"10.128.{seq // 250}.{seq % 250 + 2}"
+                node_ip = host_address() if host_processes else f"10.128.{seq // 250}.{seq % 250 + 2}"
                 node = client.V1Node(
                     metadata=client.V1ObjectMeta(name=node_name,
                                                  labels={**base_labels, "kubernetes.io/hostname": node_name}),
@@ -909,6 +920,7 @@ class VirtualKubelet:
         self._nodes_synced = threading.Event()
         self._pods_synced = threading.Event()
         self._watches: set = set()
+        self._host_pods: dict[str, HostProcessPod] = {}  # pod uid -> its running container
         self.errors: list[str] = []
         # (action, "ns/name"), newest last, for debugging a test.
         self.events: collections.deque[tuple[str, str]] = collections.deque(maxlen=2000)
@@ -945,6 +957,8 @@ class VirtualKubelet:
                     resp.shutdown() if hasattr(resp, "shutdown") else resp.close()
         for t in self._threads:
             t.join(timeout)
+        for uid in list(self._host_pods):
+            self._stop_host_pod(uid)
         if timeout:
             for h in list(self.log.handlers):
                 h.close()
@@ -1041,7 +1055,8 @@ class VirtualKubelet:
             if node.metadata.name in self._nodes:
                 return None
             info = self._nodes[node.metadata.name] = {
-                "ip": ip, "cidr": node.spec.pod_cidr or "10.200.0.0/24", "next": 2}
+                "ip": ip, "cidr": node.spec.pod_cidr or "10.200.0.0/24", "next": 2,
+                "host_processes": (node.metadata.labels or {}).get(LABEL_HOST_PROCESSES) == "true"}
         self._record("node-added", node.metadata.name)
         return info
 
@@ -1071,6 +1086,7 @@ class VirtualKubelet:
         pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}").items
         for pod in pods:
             ns, name = pod.metadata.namespace, pod.metadata.name
+            self._stop_host_pod(pod.metadata.uid)
             if pod.status.phase not in ("Succeeded", "Failed"):
                 with contextlib.suppress(ApiException):
                     core.patch_namespaced_pod_status(name, ns, self._failed_status(pod),
@@ -1089,6 +1105,7 @@ class VirtualKubelet:
 
         def on_event(kind: str, pod) -> None:
             if kind == "DELETED":
+                self._stop_host_pod(pod.metadata.uid)
                 return
             info = self._node_info(core, pod.spec.node_name)
             if info is None:
@@ -1103,7 +1120,8 @@ class VirtualKubelet:
 
         ns, name = pod.metadata.namespace, pod.metadata.name
         if pod.metadata.deletion_timestamp is not None:
-            # The "containers" have stopped: confirm the deletion.
+            self._stop_host_pod(pod.metadata.uid)
+            # The containers have stopped: confirm the deletion.
             try:
                 core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
                 self._record("deleted", f"{ns}/{name}")
@@ -1114,6 +1132,9 @@ class VirtualKubelet:
         if pod.status.phase in ("Succeeded", "Failed"):
             return
         if self._is_running_ready(pod):
+            return
+        if info["host_processes"]:
+            self._start_host_pod(pod, info)
             return
         patch = self._running_status(pod, info)
         try:
@@ -1142,9 +1163,45 @@ class VirtualKubelet:
         net = ipaddress.ip_network(info["cidr"], strict=False)
         return str(net.network_address + (n % (net.num_addresses - 2) or 1))
 
-    def _running_status(self, pod, info: dict[str, Any]) -> dict[str, Any]:
+    def _start_host_pod(self, pod, info: dict[str, Any]) -> None:
+        """Run the pod's container here; a thread reports it Running + Ready once its probe passes."""
+        uid = pod.metadata.uid
+        with self._nodes_lock:
+            if uid in self._host_pods:
+                return
+            log_path = self.cp.logs_dir / f"pod-{pod.metadata.namespace}-{pod.metadata.name}.log"
+            host_pod = self._host_pods[uid] = HostProcessPod(pod, info["ip"], log_path)
+        self._record("started host processes", f"{host_pod.key} (log {log_path.name})")
+        threading.Thread(target=self._report_when_ready, args=(pod, info, host_pod),
+                         name=f"virtual-kubelet-probe-{pod.metadata.name}", daemon=True).start()
+
+    def _report_when_ready(self, pod, info: dict[str, Any], host_pod: HostProcessPod) -> None:
+        from kubernetes.client.rest import ApiException
+
+        if not host_pod.wait_ready(timeout=180, stopping=self._stop):
+            if not self._stop.is_set():
+                self.errors.append(f"{host_pod.key} never became ready (exit {host_pod.exited()}): "
+                                   f"{host_pod.log_tail()}")
+            return
+        try:
+            self._client().patch_namespaced_pod_status(
+                pod.metadata.name, pod.metadata.namespace, self._running_status(pod, info, pod_ip=info["ip"]),
+                _content_type="application/strategic-merge-patch+json")
+            self._record("running (host processes)", f"{host_pod.key} on {pod.spec.node_name}")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def _stop_host_pod(self, uid: str) -> None:
+        with self._nodes_lock:
+            host_pod = self._host_pods.pop(uid, None)
+        if host_pod is not None:
+            host_pod.stop()
+            self._record("stopped host processes", host_pod.key)
+
+    def _running_status(self, pod, info: dict[str, Any], pod_ip: str | None = None) -> dict[str, Any]:
         now = _now().isoformat().replace("+00:00", "Z")
-        pod_ip = pod.status.pod_ip or self._allocate_ip(info)
+        pod_ip = pod_ip or pod.status.pod_ip or self._allocate_ip(info)
         cond = lambda t: {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}  # noqa: E731
 
         def cid() -> str:

@@ -13,9 +13,11 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.k8s.controlplane import ControlPlane
 
@@ -27,6 +29,8 @@ NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
 REPLICA_INDEX = "ray.io/worker-group-replica-index"
 REPLICA_NAME = "ray.io/worker-group-replica-name"
 HOST_INDEX = "ray.io/replica-host-index"
+RBAC_YAML = Path(__file__).resolve().parents[2] / "docs" / "rbac.yaml"
+SA = "airflow-worker"
 
 
 def suffix() -> str:
@@ -78,6 +82,34 @@ def kubeconfig_for(server: str, ca_pem: bytes, token: str, namespace: str = "def
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": namespace}}],
         "current-context": "c",
     }
+
+
+# -- identities ---------------------------------------------------------------------------------
+
+
+def documented_role() -> dict[str, Any]:
+    """The least-privilege Role the docs give users (docs/rbac.yaml)."""
+    role = yaml.safe_load(RBAC_YAML.read_text())
+    assert role["kind"] == "Role" and role["apiVersion"] == "rbac.authorization.k8s.io/v1"
+    return role
+
+
+def bind(cp: ControlPlane, namespace: str, role: dict[str, Any]) -> str:
+    """Create ``role`` in ``namespace``, bind it (RoleBinding) to a fresh ServiceAccount; its token."""
+    from kubernetes import client
+
+    sa = f"{SA}-{suffix()}"
+    token = cp.token_for(sa, namespace)  # creates the ServiceAccount; no cluster-wide binding
+    with cp.api_client() as api:
+        rbac = client.RbacAuthorizationV1Api(api)
+        rbac.create_namespaced_role(namespace, role)
+        rbac.create_namespaced_role_binding(namespace, {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": f"{role['metadata']['name']}-{sa}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}],
+        })
+    return token
 
 
 # -- node pools ----------------------------------------------------------------------------------

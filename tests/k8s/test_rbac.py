@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.airflow_runner import run_dag
 from tests.k8s.controlplane import ControlPlane
 from tests.k8s.support import (
+    SA,
+    bind,
+    documented_role,
     force_delete_clusters,
     lifecycle_dag,
     node_pools,
@@ -26,9 +28,7 @@ from tests.k8s.support import (
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(420)]
 
-RBAC_YAML = Path(__file__).resolve().parents[2] / "docs" / "rbac.yaml"
 V4 = "tpu-v4-podslice"
-SA = "airflow-worker"
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +36,6 @@ def v4_nodes(k8s_control_plane: ControlPlane, head_nodes: list[str]) -> Iterator
     """One v4 2x2x2 slice's worth of hosts (2 nodes of 4 chips)."""
     with node_pools(k8s_control_plane, (f"v4-rbac-{suffix()}", {"tpu": V4, "topology": "2x2x2"})) as pools:
         yield next(iter(pools.values()))
-
-
-def documented_role() -> dict[str, Any]:
-    role = yaml.safe_load(RBAC_YAML.read_text())
-    assert role["kind"] == "Role" and role["apiVersion"] == "rbac.authorization.k8s.io/v1"
-    return role
 
 
 def without_delete_on_rayclusters(role: dict[str, Any]) -> dict[str, Any]:
@@ -59,24 +53,6 @@ def without_delete_on_rayclusters(role: dict[str, Any]) -> dict[str, Any]:
             rules.append(rule)
     role["rules"] = rules
     return role
-
-
-def bind(cp: ControlPlane, namespace: str, role: dict[str, Any]) -> str:
-    """Create ``role`` in ``namespace``, bind it (RoleBinding) to a fresh ServiceAccount; its token."""
-    from kubernetes import client
-
-    sa = f"{SA}-{suffix()}"
-    token = cp.token_for(sa, namespace)  # creates the ServiceAccount; no cluster-wide binding
-    with cp.api_client() as api:
-        rbac = client.RbacAuthorizationV1Api(api)
-        rbac.create_namespaced_role(namespace, role)
-        rbac.create_namespaced_role_binding(namespace, {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": f"{role['metadata']['name']}-{sa}"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
-            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}],
-        })
-    return token
 
 
 def assert_only_namespaced(cp: ControlPlane, token: str, namespace: str) -> None:
