@@ -682,6 +682,10 @@ class Supervisor:
         self.last_written: str | None = None
         self.base_env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
         self.base_env.update({"RAY_USAGE_STATS_ENABLED": "0", CLUSTER_MARKER_ENV: self.incarnation})
+        # The cluster listens on 127.0.0.1 only. Unset, the mode would turn to token authentication
+        # wherever a ~/.ray/auth_token exists (a plain ray.init() leaves one), and no client of ours
+        # would present it.
+        self.base_env["RAY_AUTH_MODE"] = "disabled"
         # A job's `python` is the interpreter Ray runs on, as in a Ray image, even from an unactivated venv.
         interpreter_bin = os.path.dirname(sys.executable)
         self.base_env["PATH"] = os.pathsep.join([interpreter_bin, self.base_env.get("PATH", os.defpath)])

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -56,6 +57,23 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+@pytest.fixture(scope="module", autouse=True)
+def a_ray_token_in_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The module runs as a user whose ``~/.ray/auth_token`` a plain ``ray.init()`` left behind.
+
+    With ``RAY_AUTH_MODE`` unset, every Ray process that finds that file switches to token
+    authentication; the local backend's clusters must still come up and serve jobs.
+    """
+    home = tmp_path_factory.mktemp("home")
+    (home / ".ray").mkdir()
+    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HOME", str(home))
+    patch.delenv("RAY_AUTH_MODE", raising=False)
+    yield home
+    patch.undo()
 
 
 @pytest.mark.timeout(300)
