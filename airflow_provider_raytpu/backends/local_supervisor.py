@@ -382,10 +382,29 @@ def free_port() -> int:
     return port
 
 
-def port_open(port: int, timeout: float = 0.5) -> bool:
+def port_open(port: int, timeout: float = 0.5, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((host, port)) == 0
+
+
+def ray_process_env(marker: str) -> dict[str, str]:
+    """The environment of a Ray process started on this machine for one cluster.
+
+    This process's environment without another cluster's address or TPU identity, marked
+    with :data:`CLUSTER_MARKER_ENV` = ``marker`` (how the cluster's processes are found
+    again), this interpreter first on ``PATH`` (a job's ``python`` is the one Ray runs on,
+    as in a Ray image, even from an unactivated venv), no usage stats, and no token
+    authentication: the cluster listens on this machine only, and with the mode unset a
+    ``~/.ray/auth_token`` (a plain ``ray.init()`` leaves one) would switch it on for
+    clients that present none.
+
+    :param marker: the value of :data:`CLUSTER_MARKER_ENV`.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
+    env.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", CLUSTER_MARKER_ENV: marker})
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
+    return env
 
 
 def process_alive(pid: int | None, create_time: float | None = None) -> bool:
@@ -680,15 +699,7 @@ class Supervisor:
         self.gcs: Any = None
         self.last_ready_check = 0.0
         self.last_written: str | None = None
-        self.base_env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
-        self.base_env.update({"RAY_USAGE_STATS_ENABLED": "0", CLUSTER_MARKER_ENV: self.incarnation})
-        # The cluster listens on 127.0.0.1 only. Unset, the mode would turn to token authentication
-        # wherever a ~/.ray/auth_token exists (a plain ray.init() leaves one), and no client of ours
-        # would present it.
-        self.base_env["RAY_AUTH_MODE"] = "disabled"
-        # A job's `python` is the interpreter Ray runs on, as in a Ray image, even from an unactivated venv.
-        interpreter_bin = os.path.dirname(sys.executable)
-        self.base_env["PATH"] = os.pathsep.join([interpreter_bin, self.base_env.get("PATH", os.defpath)])
+        self.base_env = ray_process_env(self.incarnation)
 
     # -- state --------------------------------------------------------------------------------
 

@@ -3,8 +3,9 @@
 The virtual kubelet (controlplane.py) hands a pod bound to a node labelled
 :data:`LABEL_HOST_PROCESSES` to :class:`HostProcessPod`: the pod's first container's
 ``command`` + ``args`` run under bash with the container's environment (plain values and
-the ``fieldRef`` ones a kubelet resolves), the virtualenv's ``bin`` first on ``PATH`` (the
-image's ``ray`` is ours), and the container's own ``readinessProbe`` (an exec probe) decides
+the ``fieldRef`` ones a kubelet resolves) over what the local backend gives its Ray processes
+(``ray_process_env``: the virtualenv's ``bin`` first on ``PATH``, so the image's ``ray`` is
+ours; no token authentication), and the container's own ``readinessProbe`` (an exec probe) decides
 when the pod is Ready. The pod's IP is the node's InternalIP, this machine's non-loopback
 address, so the API server's service proxy reaches what the container serves.
 
@@ -17,21 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import os
 import re
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_raytpu.backends.local_supervisor import CLUSTER_MARKER_ENV, cluster_processes, kill_processes
+from airflow_provider_raytpu.backends.local_supervisor import cluster_processes, kill_processes, ray_process_env
 
 LABEL_HOST_PROCESSES = "raytpu.test/host-processes"
 
-# The Airflow / test environment that must not leak into the "container".
-_NOT_INHERITED = ("RAY_ADDRESS", "AIRFLOW_HOME", "PYTEST_CURRENT_TEST")
+# The Airflow / test environment that must not leak into the "container" (ray_process_env drops the rest).
+_NOT_INHERITED = ("AIRFLOW_HOME", "PYTEST_CURRENT_TEST")
 _FIELD_PATH = re.compile(r"metadata\.(labels|annotations)\['([^']+)'\]")
 
 
@@ -90,13 +89,10 @@ class HostProcessPod:
         self.log_path = log_path
         container = pod.spec.containers[0]
         self._probe = container.readiness_probe
-        env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
+        # The marker finds every process of this pod at stop(), daemons included.
+        env = {k: v for k, v in ray_process_env(self.uid).items() if k not in _NOT_INHERITED}
         env.update(container_env(pod, container, pod_ip))
         env.update({
-            "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)]),
-            CLUSTER_MARKER_ENV: self.uid,  # finds every process of this pod at stop(), daemons included
-            "RAY_AUTH_MODE": "disabled",  # a ~/.ray/auth_token of this user must not switch the head to tokens
-            "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION": "0.01",  # the container's 8Gi limit is not ours to take
             "JAX_PLATFORMS": "cpu",
         })

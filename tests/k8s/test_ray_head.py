@@ -12,14 +12,13 @@ proxy through the same API server.
 
 from __future__ import annotations
 
-import contextlib
 import re
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from airflow_provider_raytpu.backends.local_supervisor import port_open
 from airflow_provider_raytpu.manifests.raycluster import DASHBOARD_PORT
 from tests.airflow_runner import run_dag
 from tests.k8s.controlplane import ControlPlane
@@ -43,11 +42,13 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "example_dags"
 
 
 @pytest.fixture(scope="module")
-def pools(k8s_control_plane: ControlPlane) -> Iterator[dict[str, list[str]]]:
-    """A node whose pods really run (this machine's address) for the head, and one v4 2x2x2 slice."""
-    with node_pools(k8s_control_plane, (f"ray-head-{suffix()}", {"cpu_nodes": 1, "host_processes": True}),
-                    (f"v4-head-{suffix()}", {"tpu": V4, "topology": "2x2x2"})) as made:
-        yield made
+def head_pool(k8s_control_plane: ControlPlane) -> Iterator[str]:
+    """A node whose pods really run (this machine's address) for the head, and one v4 2x2x2 slice;
+    the head's node pool name."""
+    head = f"ray-head-{suffix()}"
+    with node_pools(k8s_control_plane, (head, {"cpu_nodes": 1, "host_processes": True}),
+                    (f"v4-head-{suffix()}", {"tpu": V4, "topology": "2x2x2"})):
+        yield head
 
 
 @pytest.fixture
@@ -55,12 +56,6 @@ def namespace(k8s_control_plane: ControlPlane) -> Iterator[str]:
     ns = k8s_control_plane.create_namespace(f"head-{suffix()}")
     yield ns
     force_delete_clusters(k8s_control_plane, ns)
-
-
-def port_open(host: str, port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
-        return True
-    return False
 
 
 def service_proxy_requests(cp: ControlPlane) -> dict[str, int]:
@@ -105,10 +100,9 @@ with DAG("k8s_ray_head_job", schedule=None, start_date=datetime(2026, 1, 1), def
 
 
 def test_a_job_through_the_service_proxy_reaches_the_real_head(
-        airflow_home: Path, k8s_control_plane: ControlPlane, pools: dict[str, list[str]], namespace: str,
+        airflow_home: Path, k8s_control_plane: ControlPlane, head_pool: str, namespace: str,
         monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     cp = k8s_control_plane
-    head_pool = next(name for name in pools if name.startswith("ray-head-"))
     token = bind(cp, namespace, documented_role())
     use_connections(monkeypatch, cp.kubeconfig_dict(token=token, user=SA, namespace=namespace), namespace)
     before = service_proxy_requests(cp)
@@ -125,7 +119,7 @@ def test_a_job_through_the_service_proxy_reaches_the_real_head(
     assert proxied.get("CONNECT", 0) >= 4, proxied  # package check, submit, status polls, logs
     wait_no_pods(cp, namespace)
     # Deleting the cluster stopped the head's processes: nothing serves the dashboard any more.
-    assert not port_open(host_address(), DASHBOARD_PORT)
+    assert not port_open(DASHBOARD_PORT, host=host_address())
 
 
 SERVICE_DAG = """
@@ -153,10 +147,9 @@ with DAG("k8s_ray_head_service", schedule=None, start_date=datetime(2026, 1, 1),
 
 
 def test_a_rayservice_is_running_through_the_real_operator(
-        airflow_home: Path, k8s_control_plane: ControlPlane, pools: dict[str, list[str]], namespace: str,
+        airflow_home: Path, k8s_control_plane: ControlPlane, head_pool: str, namespace: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     cp = k8s_control_plane
-    head_pool = next(name for name in pools if name.startswith("ray-head-"))
     token = bind(cp, namespace, documented_role())
     use_connections(monkeypatch, cp.kubeconfig_dict(token=token, user=SA, namespace=namespace), namespace)
     source = SERVICE_DAG.replace("HEAD_POOL", repr(head_pool)).replace("EXAMPLES", repr(str(EXAMPLES)))
@@ -170,4 +163,4 @@ def test_a_rayservice_is_running_through_the_real_operator(
     assert running["smoke"]["status"] == 200 and running["smoke"]["json"]["version"] == "v1"
     assert len(running["smoke"]["json"]["predictions"]) == 1
     wait_no_pods(cp, namespace)
-    assert not port_open(host_address(), DASHBOARD_PORT)
+    assert not port_open(DASHBOARD_PORT, host=host_address())
