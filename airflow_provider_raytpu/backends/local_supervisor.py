@@ -408,14 +408,17 @@ def ray_process_env(marker: str) -> dict[str, str]:
 
 
 def process_alive(pid: int | None, create_time: float | None = None) -> bool:
-    """Whether ``pid`` runs and is the same process as recorded (not a reused pid, not a zombie)."""
+    """Whether ``pid`` runs and is the same process as recorded (not a reused pid, not a zombie).
+
+    :param create_time: what :func:`create_time_of` said when the process was recorded.
+    """
     if not pid:
         return False
     import psutil
 
     try:
         process = psutil.Process(pid)
-        if create_time is not None and abs(process.create_time() - create_time) > 0.05:
+        if create_time is not None and abs(_since_boot(process) - create_time) > 0.05:
             return False
         return process.status() != psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -423,12 +426,21 @@ def process_alive(pid: int | None, create_time: float | None = None) -> bool:
 
 
 def create_time_of(pid: int) -> float | None:
+    """When ``pid`` started, in seconds after boot: unlike psutil's wall-clock create time, a
+    clock step (suspend and resume, a restored VM, NTP) does not move it."""
     import psutil
 
     try:
-        return psutil.Process(pid).create_time()
+        return _since_boot(psutil.Process(pid))
     except psutil.Error:
         return None
+
+
+def _since_boot(process: Any) -> float:
+    import psutil
+
+    # psutil adds the kernel's current boot time (wall clock minus uptime) to the start tick.
+    return process.create_time() - psutil.boot_time()
 
 
 def all_processes() -> Iterator[Any]:
