@@ -135,6 +135,15 @@ def test_unhealthy_on_the_serving_cluster() -> None:
     assert status.phase is ServicePhase.UNHEALTHY and "replica health check failed" in status.message
 
 
+def test_a_failure_message_with_braces_is_quoted_as_it_is() -> None:
+    # Serve's DEPLOY_FAILED message carries the user's traceback, source lines and dict literals included.
+    message = 'Traceback: return {"weights": path} -> KeyError: {0}'
+    service = with_status(V1, active="svc-old12", active_apps=apps("DEPLOY_FAILED", message))
+    status = read_ray_service(service, active_cluster=OLD)
+    assert status.phase is ServicePhase.FAILED
+    assert status.message == f"application 'model' is DEPLOY_FAILED on RayCluster svc-old12: {message}"
+
+
 def test_the_old_clusters_trouble_does_not_fail_the_new_version() -> None:
     service = with_status(V2, upgrading=True, active="svc-old12", active_apps=apps("UNHEALTHY"),
                           pending="svc-new34", pending_apps=apps("DEPLOYING"))

@@ -1,0 +1,170 @@
+"""A RayCluster's status, read from the object and its pods.
+
+KubeRay's ``status.state`` is set to ``ready`` once and never reset, so it is not
+trusted here: a cluster is READY only when the head pod is ready and every TPU host
+of every slice is ready.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+from airflow_provider_raytpu.status.conditions import conditions, is_true
+
+REPLICA_INDEX_LABEL = "ray.io/worker-group-replica-index"
+HOST_INDEX_LABEL = "ray.io/replica-host-index"
+NODE_TYPE_LABEL = "ray.io/node-type"
+
+
+class Phase(str, Enum):
+    """Where a RayCluster is in its life."""
+
+    PROVISIONING = "PROVISIONING"
+    READY = "READY"
+    FAILED = "FAILED"
+    SUSPENDED = "SUSPENDED"
+    GONE = "GONE"
+
+
+@dataclass(frozen=True)
+class SliceStatus:
+    """Readiness of one slice (one replica of the TPU worker group).
+
+    :param index: the replica index KubeRay gives the slice's pods.
+    :param ready_hosts: host pods of the slice that are ready.
+    :param hosts: host pods the slice has now.
+    """
+
+    index: str
+    ready_hosts: int
+    hosts: int
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """A RayCluster's state as the provider understands it.
+
+    :param phase: the phase.
+    :param message: one human line: what is ready, what is missing, or why it failed.
+    :param head_ready: whether the head pod is ready.
+    :param ready_hosts: TPU host pods ready, over all slices.
+    :param desired_hosts: TPU host pods wanted (slices x hosts per slice).
+    :param reason: the failure reason, when FAILED.
+    :param slices: per-slice readiness, when pods were read.
+    """
+
+    phase: Phase
+    message: str
+    head_ready: bool = False
+    ready_hosts: int = 0
+    desired_hosts: int = 0
+    reason: str = ""
+    slices: tuple[SliceStatus, ...] = field(default=())
+
+    @property
+    def finished(self) -> bool:
+        """Whether waiting for this cluster can stop (ready, failed or deleted)."""
+        return self.phase in (Phase.READY, Phase.FAILED, Phase.GONE)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["phase"] = self.phase.value
+        data["slices"] = [asdict(s) for s in self.slices]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterStatus:
+        return cls(
+            **{
+                **data,
+                "phase": Phase(data["phase"]),
+                "slices": tuple(SliceStatus(**s) for s in data.get("slices", ())),
+            }
+        )
+
+
+def desired_hosts(cluster: Mapping[str, Any]) -> int:
+    """TPU/worker host pods the spec asks for: replicas x numOfHosts over active groups."""
+    total = 0
+    for group in cluster.get("spec", {}).get("workerGroupSpecs") or []:
+        if not group.get("suspend"):
+            total += int(group.get("replicas", group.get("minReplicas", 0))) * int(group.get("numOfHosts", 1))
+    return total
+
+
+def read_ray_cluster(cluster: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]] | None = None) -> ClusterStatus:
+    """Interpret a RayCluster object (``None`` when it does not exist).
+
+    :param cluster: the RayCluster as returned by the API server.
+    :param pods: the cluster's pods, when read, for per-slice detail.
+    """
+    if cluster is None:
+        return ClusterStatus(Phase.GONE, "the RayCluster does not exist")
+    metadata = cluster.get("metadata", {})
+    status = cluster.get("status") or {}
+    by_type = conditions(status)
+    slices = read_slices(pods) if pods is not None else ()
+    want = desired_hosts(cluster)
+    reported_want = status.get("desiredWorkerReplicas")
+    ready = int(status.get("readyWorkerReplicas") or 0)
+    head_ready = is_true(by_type.get("HeadPodReady"))
+    common = {"head_ready": head_ready, "ready_hosts": ready, "desired_hosts": want, "slices": slices}
+
+    if metadata.get("deletionTimestamp"):
+        return ClusterStatus(Phase.GONE, "the RayCluster is being deleted", **common)
+    failure = by_type.get("ReplicaFailure")
+    if is_true(failure):
+        reason = failure.get("reason", "ReplicaFailure")
+        return ClusterStatus(Phase.FAILED, f"{reason}: {failure.get('message', '')}".rstrip(": "), reason=reason, **common)
+    if status.get("state") == "failed":
+        reason = status.get("reason") or "failed"
+        return ClusterStatus(Phase.FAILED, f"KubeRay reports the cluster failed: {reason}", reason=reason, **common)
+    if cluster.get("spec", {}).get("suspend") or status.get("state") == "suspended" or is_true(
+        by_type.get("RayClusterSuspended")
+    ):
+        return ClusterStatus(Phase.SUSPENDED, "the RayCluster is suspended", **common)
+
+    observed = status.get("observedGeneration")
+    if observed is not None and metadata.get("generation") is not None and observed < metadata["generation"]:
+        return ClusterStatus(Phase.PROVISIONING, "KubeRay has not yet reconciled the latest spec", **common)
+    hosts = _hosts_message(ready, want, slices)
+    if not head_ready:
+        return ClusterStatus(Phase.PROVISIONING, f"head not ready; {hosts}", **common)
+    if reported_want is not None and int(reported_want) != want:
+        return ClusterStatus(
+            Phase.PROVISIONING, f"KubeRay reports {reported_want} desired hosts, spec asks {want}; {hosts}", **common
+        )
+    if ready < want or any(s.ready_hosts < s.hosts for s in slices):
+        return ClusterStatus(Phase.PROVISIONING, f"head ready; {hosts}", **common)
+    return ClusterStatus(Phase.READY, f"head ready; {hosts}", **common)
+
+
+def _hosts_message(ready: int, want: int, slices: tuple[SliceStatus, ...]) -> str:
+    text = f"{ready} of {want} TPU hosts ready"
+    if slices:
+        text += " (" + ", ".join(f"slice {s.index}: {s.ready_hosts}/{s.hosts}" for s in slices) + ")"
+    return text
+
+
+def pod_is_ready(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    return status.get("phase") == "Running" and is_true(conditions(status).get("Ready"))
+
+
+def read_slices(pods: Iterable[Mapping[str, Any]]) -> tuple[SliceStatus, ...]:
+    """Group worker pods by their slice (replica index) and count ready hosts."""
+    counts: dict[str, list[int]] = {}
+    for pod in pods:
+        labels = pod.get("metadata", {}).get("labels") or {}
+        if labels.get(NODE_TYPE_LABEL) != "worker" or REPLICA_INDEX_LABEL not in labels:
+            continue
+        ready_total = counts.setdefault(labels[REPLICA_INDEX_LABEL], [0, 0])
+        ready_total[0] += pod_is_ready(pod)
+        ready_total[1] += 1
+    return tuple(
+        SliceStatus(index, ready, total)
+        for index, (ready, total) in sorted(counts.items(), key=lambda kv: (len(kv[0]), kv[0]))
+    )

@@ -1,0 +1,22 @@
+"""Kubernetes status conditions, read alike for pods, RayClusters and RayServices."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def conditions(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """An object's ``status.conditions`` by type.
+
+    :param status: the object's ``status``.
+    """
+    return {c.get("type", ""): c for c in status.get("conditions") or []}
+
+
+def is_true(condition: Mapping[str, Any] | None) -> bool:
+    """Whether a condition is present and ``True``.
+
+    :param condition: the condition, ``None`` when it is not set.
+    """
+    return bool(condition) and condition.get("status") == "True"
