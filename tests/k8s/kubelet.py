@@ -1,0 +1,428 @@
+"""The virtual kubelet: makes the fake GKE nodes of a :class:`~tests.k8s.controlplane.ControlPlane`
+look alive (Leases, pod statuses, pod deletion, node loss), and on a host-process node really runs
+the pod's container (tests/k8s/hostpods.py)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime as dt
+import ipaddress
+import logging
+import secrets
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tests.k8s.hostpods import LABEL_HOST_PROCESSES, HostProcessPod
+from tests.k8s.nodes import LABEL_VIRTUAL
+from tests.k8s.processes import ControlPlaneError
+
+if TYPE_CHECKING:
+    from tests.k8s.controlplane import ControlPlane
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+
+
+class VirtualKubelet:
+    """Pretends to be the kubelet of every node labelled ``raytpu.test/virtual-kubelet``.
+
+    Three daemon threads with their own API clients:
+
+    - *pods*: watches pods with ``spec.nodeName`` set. A pod on one of our
+      nodes is reported Running + Ready (conditions, container statuses,
+      podIP from the node's podCIDR); a pod with a deletionTimestamp is
+      finished (deleted with grace period 0) like a kubelet does after the
+      containers stopped.
+    - *nodes*: watches our nodes; on DELETED it marks that node's pods Failed
+      (reason ``NodeShutdown``) and deletes them, like GKE on a preemption.
+    - *leases*: renews ``kube-node-lease`` Leases every 10 s so the node
+      lifecycle controller keeps the nodes Ready.
+
+    Watches, not polling: idle cost is one Lease update per node per 10 s.
+    """
+
+    LEASE_SECONDS = 40
+    RENEW_EVERY = 10.0
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._nodes: dict[str, dict[str, Any]] = {}  # name -> {"ip":..., "cidr":..., "next": int}
+        self._nodes_lock = threading.Lock()
+        self._nodes_synced = threading.Event()
+        self._pods_synced = threading.Event()
+        self._watches: set = set()
+        self._host_pods: dict[str, HostProcessPod] = {}  # pod uid -> its running container
+        self.errors: list[str] = []
+        # (action, "ns/name"), newest last, for debugging a test.
+        self.events: collections.deque[tuple[str, str]] = collections.deque(maxlen=2000)
+        self.log_path = cp.logs_dir / "virtual-kubelet.log"
+        self.log = logging.getLogger(f"raytpu.virtual_kubelet.{id(self)}")
+        self.log.propagate = False
+        self.log.setLevel(logging.INFO)
+        handler = logging.FileHandler(self.log_path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(levelname)s %(message)s"))
+        self.log.addHandler(handler)
+
+    def _record(self, action: str, what: str) -> None:
+        self.events.append((action, what))
+        self.log.info("%s %s", action, what)
+
+    # ---------------------------------------------------------------- life
+    def start(self) -> None:
+        for name, target in (("nodes", self._node_loop), ("pods", self._pod_loop), ("leases", self._lease_loop)):
+            t = threading.Thread(target=self._guard(target), name=f"virtual-kubelet-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        if not (self._nodes_synced.wait(20) and self._pods_synced.wait(20)):
+            raise ControlPlaneError(f"virtual kubelet watches did not start: {self.errors[-5:]}")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the threads: interrupt their watches and join them."""
+        self._stop.set()
+        # Interrupt the blocked watch reads (else the API server's graceful
+        # shutdown waits for these open watches).
+        for w in list(self._watches):
+            resp = getattr(w, "_resp", None)
+            if resp is not None:
+                with contextlib.suppress(Exception):
+                    resp.shutdown() if hasattr(resp, "shutdown") else resp.close()
+        for t in self._threads:
+            t.join(timeout)
+        for uid in list(self._host_pods):
+            self._stop_host_pod(uid)
+        if timeout:
+            for h in list(self.log.handlers):
+                h.close()
+                self.log.removeHandler(h)
+
+    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            while not self._stop.is_set():
+                try:
+                    fn()
+                except Exception as e:  # keep serving; the apiserver may be restarting
+                    if self._stop.is_set():
+                        return
+                    self.errors.append(f"{fn.__name__}: {type(e).__name__}: {e}")
+                    del self.errors[:-50]
+                    self.log.exception("%s failed; restarting it", fn.__name__)
+                    self._stop.wait(0.5)
+            self.log.info("%s stopped", fn.__name__)
+        return run
+
+    def _handle(self, on_event, kind: str, obj) -> None:
+        """One object's failure must not stop the others (nor the watch)."""
+        try:
+            on_event(kind, obj)
+        except Exception as e:
+            if self._stop.is_set():
+                return
+            what = f"{getattr(obj.metadata, 'namespace', None)}/{obj.metadata.name}"
+            self.errors.append(f"{kind} {what}: {type(e).__name__}: {e}")
+            del self.errors[:-50]
+            self.log.exception("handling %s %s failed", kind, what)
+
+    def _client(self):
+        from kubernetes import client
+
+        return client.CoreV1Api(self.cp.api_client())
+
+    # ------------------------------------------------------------- watching
+    def _watch(self, list_fn, on_event, synced: threading.Event, **kwargs) -> None:
+        """list, then watch from its resourceVersion; re-list on 410 Gone."""
+        from kubernetes import watch
+        from kubernetes.client.rest import ApiException
+
+        listed = list_fn(**kwargs)
+        for obj in listed.items:
+            self._handle(on_event, "ADDED", obj)
+        synced.set()
+        rv = listed.metadata.resource_version
+        while not self._stop.is_set():
+            w = watch.Watch()
+            self._watches.add(w)
+            try:
+                for ev in w.stream(list_fn, resource_version=rv, timeout_seconds=60,
+                                   allow_watch_bookmarks=True, **kwargs):
+                    if self._stop.is_set():
+                        w.stop()
+                        return
+                    rv = w.resource_version or rv  # bookmarks included
+                    if ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        self._handle(on_event, ev["type"], ev["object"])
+            except ApiException as e:
+                if e.status != 410:
+                    raise
+                self.log.info("watch expired (410): re-listing")
+                listed = list_fn(**kwargs)  # too old: re-list
+                for obj in listed.items:
+                    self._handle(on_event, "ADDED", obj)
+                rv = listed.metadata.resource_version
+            finally:
+                self._watches.discard(w)
+
+    # ---------------------------------------------------------------- nodes
+    def _node_loop(self) -> None:
+        core = self._client()
+        self._core_nodes = core
+
+        def on_event(kind: str, node) -> None:
+            name = node.metadata.name
+            if kind == "DELETED":
+                with self._nodes_lock:
+                    self._nodes.pop(name, None)
+                self._record("node-deleted", name)
+                self._node_gone(core, name)
+                return
+            if self._register_node(node):
+                self.renew_lease(name, core)
+
+        self._watch(core.list_node, on_event, self._nodes_synced, label_selector=f"{LABEL_VIRTUAL}=true")
+
+    def _register_node(self, node) -> dict[str, Any] | None:
+        """Start serving ``node``; return its info if it was new."""
+        ip = next((a.address for a in (node.status.addresses or []) if a.type == "InternalIP"), "10.128.0.2")
+        with self._nodes_lock:
+            if node.metadata.name in self._nodes:
+                return None
+            info = self._nodes[node.metadata.name] = {
+                "ip": ip, "cidr": node.spec.pod_cidr or "10.200.0.0/24", "next": 2,
+                "host_processes": (node.metadata.labels or {}).get(LABEL_HOST_PROCESSES) == "true"}
+        self._record("node-added", node.metadata.name)
+        return info
+
+    def _node_info(self, core, node_name: str) -> dict[str, Any] | None:
+        with self._nodes_lock:
+            info = self._nodes.get(node_name)
+        if info is not None:
+            return info
+        # The pod watch may see a binding before the node watch saw the node.
+        from kubernetes.client.rest import ApiException
+
+        try:
+            node = core.read_node(node_name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        if (node.metadata.labels or {}).get(LABEL_VIRTUAL) != "true":
+            return None
+        self._register_node(node)
+        with self._nodes_lock:
+            return self._nodes.get(node_name)
+
+    def _node_gone(self, core, node_name: str) -> None:
+        from kubernetes.client.rest import ApiException
+
+        pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}").items
+        for pod in pods:
+            ns, name = pod.metadata.namespace, pod.metadata.name
+            self._stop_host_pod(pod.metadata.uid)
+            if pod.status.phase not in ("Succeeded", "Failed"):
+                with contextlib.suppress(ApiException):
+                    core.patch_namespaced_pod_status(name, ns, self._failed_status(pod),
+                                                     _content_type="application/strategic-merge-patch+json")
+            with contextlib.suppress(ApiException):
+                core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+            self._record("failed+deleted (node gone)", f"{ns}/{name}")
+        with contextlib.suppress(ApiException):
+            from kubernetes import client
+
+            client.CoordinationV1Api(core.api_client).delete_namespaced_lease(node_name, "kube-node-lease")
+
+    # ----------------------------------------------------------------- pods
+    def _pod_loop(self) -> None:
+        core = self._client()
+
+        def on_event(kind: str, pod) -> None:
+            if kind == "DELETED":
+                self._stop_host_pod(pod.metadata.uid)
+                return
+            info = self._node_info(core, pod.spec.node_name)
+            if info is None:
+                return
+            self._sync_pod(core, pod, info)
+
+        self._nodes_synced.wait(30)
+        self._watch(core.list_pod_for_all_namespaces, on_event, self._pods_synced, field_selector="spec.nodeName!=")
+
+    def _sync_pod(self, core, pod, info: dict[str, Any]) -> None:
+        from kubernetes.client.rest import ApiException
+
+        ns, name = pod.metadata.namespace, pod.metadata.name
+        if pod.metadata.deletion_timestamp is not None:
+            self._stop_host_pod(pod.metadata.uid)
+            # The containers have stopped: confirm the deletion.
+            try:
+                core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+                self._record("deleted", f"{ns}/{name}")
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+            return
+        if pod.status.phase in ("Succeeded", "Failed"):
+            return
+        if self._is_running_ready(pod):
+            return
+        if info["host_processes"]:
+            self._start_host_pod(pod, info)
+            return
+        patch = self._running_status(pod, info)
+        try:
+            core.patch_namespaced_pod_status(name, ns, patch, _content_type="application/strategic-merge-patch+json")
+            self._record("running", f"{ns}/{name} on {pod.spec.node_name}")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    @staticmethod
+    def _is_running_ready(pod) -> bool:
+        st = pod.status
+        if st.phase != "Running" or not st.pod_ip:
+            return False
+        ready = {c.type: c.status for c in (st.conditions or [])}
+        if ready.get("Ready") != "True":
+            return False
+        names = {c.name for c in pod.spec.containers}
+        statuses = {c.name: c.ready for c in (st.container_statuses or [])}
+        return all(statuses.get(n) for n in names)
+
+    def _allocate_ip(self, info: dict[str, Any]) -> str:
+        with self._nodes_lock:
+            n = info["next"]
+            info["next"] = n + 1
+        net = ipaddress.ip_network(info["cidr"], strict=False)
+        return str(net.network_address + (n % (net.num_addresses - 2) or 1))
+
+    def _start_host_pod(self, pod, info: dict[str, Any]) -> None:
+        """Run the pod's container here; a thread reports it Running + Ready once its probe passes."""
+        uid = pod.metadata.uid
+        with self._nodes_lock:
+            if uid in self._host_pods:
+                return
+            log_path = self.cp.logs_dir / f"pod-{pod.metadata.namespace}-{pod.metadata.name}.log"
+            host_pod = self._host_pods[uid] = HostProcessPod(pod, info["ip"], log_path)
+        self._record("started host processes", f"{host_pod.key} (log {log_path.name})")
+        threading.Thread(target=self._report_when_ready, args=(pod, info, host_pod),
+                         name=f"virtual-kubelet-probe-{pod.metadata.name}", daemon=True).start()
+
+    def _report_when_ready(self, pod, info: dict[str, Any], host_pod: HostProcessPod) -> None:
+        from kubernetes.client.rest import ApiException
+
+        if not host_pod.wait_ready(timeout=180, stopping=self._stop):
+            if not self._stop.is_set():
+                self.errors.append(f"{host_pod.key} never became ready (exit {host_pod.exited()}): "
+                                   f"{host_pod.log_tail()}")
+            return
+        try:
+            self._client().patch_namespaced_pod_status(
+                pod.metadata.name, pod.metadata.namespace, self._running_status(pod, info, pod_ip=info["ip"]),
+                _content_type="application/strategic-merge-patch+json")
+            self._record("running (host processes)", f"{host_pod.key} on {pod.spec.node_name}")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def _stop_host_pod(self, uid: str) -> None:
+        with self._nodes_lock:
+            host_pod = self._host_pods.pop(uid, None)
+        if host_pod is not None:
+            host_pod.stop()
+            self._record("stopped host processes", host_pod.key)
+
+    def _running_status(self, pod, info: dict[str, Any], pod_ip: str | None = None) -> dict[str, Any]:
+        now = _now().isoformat().replace("+00:00", "Z")
+        pod_ip = pod_ip or pod.status.pod_ip or self._allocate_ip(info)
+        cond = lambda t: {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}  # noqa: E731
+
+        def cid() -> str:
+            return "containerd://" + secrets.token_hex(32)
+
+        init_statuses = [{
+            "name": c.name, "image": c.image, "imageID": f"{c.image}@sha256:{'0' * 64}",
+            "containerID": cid(), "ready": True, "restartCount": 0, "started": False,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now,
+                                     "containerID": None}},
+        } for c in (pod.spec.init_containers or [])]
+        for s in init_statuses:
+            s["state"]["terminated"]["containerID"] = s["containerID"]
+        statuses = [{
+            "name": c.name, "image": c.image, "imageID": f"{c.image}@sha256:{'0' * 64}",
+            "containerID": cid(), "ready": True, "started": True, "restartCount": 0,
+            "state": {"running": {"startedAt": now}},
+        } for c in pod.spec.containers]
+        status: dict[str, Any] = {
+            "phase": "Running",
+            "hostIP": info["ip"], "hostIPs": [{"ip": info["ip"]}],
+            "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
+            "startTime": now,
+            "qosClass": pod.status.qos_class,
+            "conditions": [cond("PodReadyToStartContainers"), cond("Initialized"), cond("Ready"),
+                           cond("ContainersReady")],
+            "containerStatuses": statuses,
+        }
+        if init_statuses:
+            status["initContainerStatuses"] = init_statuses
+        return {"status": {k: v for k, v in status.items() if v is not None}}
+
+    @staticmethod
+    def _failed_status(pod) -> dict[str, Any]:
+        now = _now().isoformat().replace("+00:00", "Z")
+        statuses = [{
+            "name": c.name, "image": c.image, "imageID": f"{c.image}@sha256:{'0' * 64}",
+            "ready": False, "started": False, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": now, "finishedAt": now}},
+        } for c in pod.spec.containers]
+        notready = lambda t: {"type": t, "status": "False", "lastTransitionTime": now,  # noqa: E731
+                              "reason": "PodFailed"}
+        return {"status": {
+            "phase": "Failed", "reason": "NodeShutdown",
+            "message": "Pod was terminated in response to imminent node shutdown.",
+            "conditions": [notready("Ready"), notready("ContainersReady"),
+                           {"type": "DisruptionTarget", "status": "True", "lastTransitionTime": now,
+                            "reason": "TerminationByKubelet",
+                            "message": "Pod was terminated in response to imminent node shutdown."}],
+            "containerStatuses": statuses,
+        }}
+
+    # --------------------------------------------------------------- leases
+    def renew_lease(self, node_name: str, core=None) -> None:
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        api = core.api_client if core is not None else getattr(self, "_lease_api", None)
+        if api is None:
+            api = self._lease_api = self.cp.api_client()
+        coord = client.CoordinationV1Api(api)
+        now = dt.datetime.now(dt.timezone.utc)
+        body = client.V1Lease(
+            metadata=client.V1ObjectMeta(name=node_name, namespace="kube-node-lease"),
+            spec=client.V1LeaseSpec(holder_identity=node_name, lease_duration_seconds=self.LEASE_SECONDS,
+                                    renew_time=now))
+        try:
+            coord.patch_namespaced_lease(node_name, "kube-node-lease",
+                                         {"spec": {"holderIdentity": node_name,
+                                                   "leaseDurationSeconds": self.LEASE_SECONDS,
+                                                   "renewTime": now.isoformat().replace("+00:00", "Z")}},
+                                         _content_type="application/merge-patch+json")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            try:
+                coord.create_namespaced_lease("kube-node-lease", body)
+            except ApiException as e2:
+                if e2.status != 409:
+                    raise
+
+    def _lease_loop(self) -> None:
+        self._lease_api = self.cp.api_client()
+        while not self._stop.wait(self.RENEW_EVERY):
+            with self._nodes_lock:
+                names = list(self._nodes)
+            for n in names:
+                self.renew_lease(n)
