@@ -1,4 +1,5 @@
-"""pytest wiring for the real Kubernetes control plane (see README.md).
+"""pytest wiring for the real Kubernetes control plane (see README.md): the session's control
+plane, and the per-test and per-module setup every integration module shares.
 
 Another test tree gets the same session fixture with::
 
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.k8s.controlplane import ControlPlane, k8s_control_plane  # noqa: F401  (session fixture)
+from tests.k8s.support import Connections, NodePools, force_delete_clusters, suffix
 
 
 def pytest_configure(config):
@@ -21,10 +23,49 @@ def pytest_configure(config):
         "markers", "k8s: needs the real Kubernetes control plane binaries (tests/k8s/build_binaries.sh)")
 
 
+def _module_slug(request: pytest.FixtureRequest) -> str:
+    """``test_ray_head`` -> ``ray-head``: names what a module made."""
+    return request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")
+
+
+@pytest.fixture
+def namespace(k8s_control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace (``<module>-<6 hex>``) for one test; the RayClusters left in it are deleted after."""
+    ns = k8s_control_plane.create_namespace(f"{_module_slug(request)}-{suffix()}")
+    yield ns
+    force_delete_clusters(k8s_control_plane, ns)
+
+
+@pytest.fixture
+def connections(k8s_control_plane: ControlPlane, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Connections:
+    """Points the test's ``raytpu_default`` connection at its namespace, as the identity the test chooses."""
+    return Connections(k8s_control_plane, namespace, monkeypatch)
+
+
+@pytest.fixture
+def admin_connections(connections: Connections) -> Connections:
+    """``raytpu_default`` -> the test's namespace, with the admin identity."""
+    connections.as_admin()
+    return connections
+
+
+@pytest.fixture
+def node_pools(k8s_control_plane: ControlPlane) -> Iterator[NodePools]:
+    """Node pools one test adds; deleted after it."""
+    pools = NodePools(k8s_control_plane)
+    yield pools
+    pools.delete_all()
+
+
 @pytest.fixture(scope="module")
-def head_nodes(k8s_control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[list[str]]:
+def module_node_pools(k8s_control_plane: ControlPlane) -> Iterator[NodePools]:
+    """Node pools one module adds; deleted after it."""
+    pools = NodePools(k8s_control_plane)
+    yield pools
+    pools.delete_all()
+
+
+@pytest.fixture(scope="module")
+def head_nodes(module_node_pools: NodePools, request: pytest.FixtureRequest) -> list[str]:
     """A CPU node for the Ray heads of one module (TPU nodes are tainted); removed after it."""
-    pool = f"heads-{request.module.__name__.rsplit('.', 1)[-1].removeprefix('test_').replace('_', '-')}"
-    nodes = k8s_control_plane.add_node_pool(pool, cpu_nodes=1)
-    yield nodes
-    k8s_control_plane.delete_node_pool(pool)
+    return module_node_pools.add(f"heads-{_module_slug(request)}", cpu_nodes=1).nodes

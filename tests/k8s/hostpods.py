@@ -1,6 +1,6 @@
 """Pods whose container really runs: as processes on this machine, like ``hostNetwork`` pods.
 
-The virtual kubelet (controlplane.py) hands a pod bound to a node labelled
+The virtual kubelet (kubelet.py) hands a pod bound to a node labelled
 :data:`LABEL_HOST_PROCESSES` to :class:`HostProcessPod`: the pod's first container's
 ``command`` + ``args`` run under bash with the container's environment (plain values and
 the ``fieldRef`` ones a kubelet resolves) over what the local backend gives its Ray processes

@@ -4,6 +4,7 @@ The DAGs run with ``dag.test()`` (tests/airflow_runner.py) and talk to the real 
 server of the session's :class:`~tests.k8s.controlplane.ControlPlane` through a
 ``raytpu`` connection of backend ``kubernetes`` -> a cncf-kubernetes connection whose
 ``kube_config`` extra is a kubeconfig (CA embedded) for some identity.
+:class:`Connections` and :class:`NodePools` are what the fixtures of conftest.py hand out.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import yaml
@@ -64,12 +65,6 @@ def raytpu_connection(namespace: str, kubernetes_conn_id: str = KUBE_CONN_ID) ->
                                                         "namespace": namespace}})
 
 
-def use_connections(monkeypatch: pytest.MonkeyPatch, kubeconfig: dict[str, Any], namespace: str) -> None:
-    """``raytpu_default`` (backend kubernetes, ``namespace``) -> ``kube_test`` -> ``kubeconfig``."""
-    monkeypatch.setenv("AIRFLOW_CONN_KUBE_TEST", kube_connection(kubeconfig, namespace))
-    monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(namespace))
-
-
 def kubeconfig_for(server: str, ca_pem: bytes, token: str, namespace: str = "default") -> dict[str, Any]:
     """A token kubeconfig for ``server`` trusting ``ca_pem`` (e.g. a proxy with its own CA)."""
     import base64
@@ -112,21 +107,61 @@ def bind(cp: ControlPlane, namespace: str, role: dict[str, Any]) -> str:
     return token
 
 
+class Connections:
+    """Points ``raytpu_default`` (backend kubernetes) -> ``kube_test`` at one namespace, as some identity."""
+
+    def __init__(self, cp: ControlPlane, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.cp = cp
+        self.namespace = namespace
+        self._monkeypatch = monkeypatch
+
+    def use(self, kubeconfig: dict[str, Any]) -> None:
+        """``raytpu_default`` (backend kubernetes, the namespace) -> ``kube_test`` -> ``kubeconfig``
+        (e.g. one for a proxy in front of the API server)."""
+        self._monkeypatch.setenv("AIRFLOW_CONN_KUBE_TEST", kube_connection(kubeconfig, self.namespace))
+        self._monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(self.namespace))
+
+    def as_admin(self) -> None:
+        self.use(self.cp.kubeconfig_dict(namespace=self.namespace))
+
+    def as_role(self, role: dict[str, Any]) -> str:
+        """Connect as a fresh ServiceAccount bound (RoleBinding) to ``role`` in the namespace; its token."""
+        token = bind(self.cp, self.namespace, role)
+        self.use(self.cp.kubeconfig_dict(token=token, user=SA, namespace=self.namespace))
+        return token
+
+
 # -- node pools ----------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def node_pools(cp: ControlPlane, *pools: tuple[str, dict[str, Any]]) -> Iterator[dict[str, list[str]]]:
-    """Add node pools (``(name, add_node_pool kwargs)``); delete them afterwards."""
-    made: dict[str, list[str]] = {}
-    try:
-        for name, kwargs in pools:
-            made[name] = cp.add_node_pool(name, **kwargs)
-        yield made
-    finally:
-        for name in made:
+class NodePool(NamedTuple):
+    name: str
+    nodes: list[str]
+
+
+class NodePools:
+    """The node pools of one test or module, under fresh names; :meth:`delete_all` removes them."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self.names: list[str] = []
+
+    def name(self, prefix: str) -> str:
+        """A fresh pool name ``<prefix>-<6 hex>``, deleted with the others: for a pool added later
+        (``cp.add_node_pool(name, ...)``, also to grow a pool after a preemption)."""
+        name = f"{prefix}-{suffix()}"
+        self.names.append(name)
+        return name
+
+    def add(self, prefix: str, **options: Any) -> NodePool:
+        """``cp.add_node_pool`` (same options) under a fresh name."""
+        name = self.name(prefix)
+        return NodePool(name, self.cp.add_node_pool(name, **options))
+
+    def delete_all(self) -> None:
+        for name in self.names:
             with contextlib.suppress(Exception):
-                cp.delete_node_pool(name)
+                self.cp.delete_node_pool(name)
 
 
 # -- reading the cluster -------------------------------------------------------------------------

@@ -5,27 +5,17 @@ from __future__ import annotations
 
 import collections
 import time
-import uuid
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+
+from tests.k8s.support import NodePools, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(600)]
 
 RAY_IMAGE = "rayproject/ray:2.60.0"
 ACCELERATOR = "tpu-v6e-slice"
 TOPOLOGY = "4x4"
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 def tpu_raycluster(name: str) -> dict[str, Any]:
@@ -67,24 +57,16 @@ def _ready(pod) -> bool:
         c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
 
 
-def test_tpu_raycluster_on_real_control_plane(k8s_control_plane):
-    cp = k8s_control_plane
-    t0 = time.monotonic()
-    suffix = uuid.uuid4().hex[:6]
-    cpu_nodes = cp.add_node_pool(f"cpu-{suffix}", cpu_nodes=1)
-    tpu_nodes = cp.add_node_pool(f"v6e-{suffix}", tpu=ACCELERATOR, topology=TOPOLOGY, num_nodes=8)
-    try:
-        _check_tpu_raycluster(cp, suffix, cpu_nodes, tpu_nodes, t0)
-    finally:
-        cp.delete_node_pool(f"cpu-{suffix}")
-        cp.delete_node_pool(f"v6e-{suffix}")
-
-
-def _check_tpu_raycluster(cp, suffix: str, cpu_nodes: list[str], tpu_nodes: list[str], t0: float) -> None:
+def test_tpu_raycluster_on_real_control_plane(k8s_control_plane, head_nodes: list[str], node_pools: NodePools,
+                                              namespace: str):
     from kubernetes import client
 
+    cp = k8s_control_plane
+    t0 = time.monotonic()
+    cpu_nodes = head_nodes
+    tpu_nodes = node_pools.add("v6e", tpu=ACCELERATOR, topology=TOPOLOGY, num_nodes=8).nodes
     assert len(tpu_nodes) == 8
-    ns = cp.create_namespace(f"rc-{suffix}")
+    ns = namespace
     name = "tpu-v6e-4x4"
 
     with cp.api_client() as api:
@@ -151,17 +133,15 @@ def _check_tpu_raycluster(cp, suffix: str, cpu_nodes: list[str], tpu_nodes: list
               f"deleted+collected {t_deleted:.1f}s")
 
 
-def test_tpu_node_preemption_recreates_whole_slice(k8s_control_plane):
+def test_tpu_node_preemption_recreates_whole_slice(k8s_control_plane, head_nodes: list[str], node_pools: NodePools,
+                                                   namespace: str):
     """Deleting a TPU node (a GKE preemption) fails its pod; KubeRay
     (RayMultiHostIndexing) recreates the whole slice, which waits Pending for
     a replacement node and becomes ready again once one is added."""
     cp = k8s_control_plane
-    suffix = uuid.uuid4().hex[:6]
-    pool = f"v6e-p-{suffix}"
-    cp.add_node_pool(f"cpu-p-{suffix}", cpu_nodes=1)
-    tpu_nodes = cp.add_node_pool(pool, tpu=ACCELERATOR, topology=TOPOLOGY)  # one slice: 4 hosts
+    pool, tpu_nodes = node_pools.add("v6e-p", tpu=ACCELERATOR, topology=TOPOLOGY)  # one slice: 4 hosts
     assert len(tpu_nodes) == 4
-    ns = cp.create_namespace(f"preempt-{suffix}")
+    ns = namespace
     name = "one-slice"
     rc = tpu_raycluster(name)
     group = rc["spec"]["workerGroupSpecs"][0]
@@ -169,11 +149,7 @@ def test_tpu_node_preemption_recreates_whole_slice(k8s_control_plane):
     # Pin to this test's pool: other tests' v6e 4x4 nodes must not take the
     # recreated pods.
     group["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-nodepool"] = pool
-    try:
-        _check_preemption(cp, ns, name, rc, pool, tpu_nodes)
-    finally:
-        cp.delete_node_pool(pool)
-        cp.delete_node_pool(f"cpu-p-{suffix}")
+    _check_preemption(cp, ns, name, rc, pool, tpu_nodes)
 
 
 def _check_preemption(cp, ns: str, name: str, rc: dict, pool: str, tpu_nodes: list[str]) -> None:
@@ -224,13 +200,13 @@ def _check_preemption(cp, ns: str, name: str, rc: dict, pool: str, tpu_nodes: li
         wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "pods collected")
 
 
-def test_service_account_tokens_and_rbac(k8s_control_plane):
+def test_service_account_tokens_and_rbac(k8s_control_plane, namespace: str):
     """RBAC is real: a fresh ServiceAccount token is denied until bound."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     cp = k8s_control_plane
-    ns = cp.create_namespace(f"sa-{uuid.uuid4().hex[:6]}")
+    ns = namespace
     token = cp.token_for("reader", ns)
     with cp.api_client(token=token) as api:
         with pytest.raises(ApiException) as err:

@@ -15,13 +15,12 @@ from tests.k8s.controlplane import ControlPlane
 from tests.k8s.faultproxy import FaultProxy, seen_summary
 from tests.k8s.support import (
     NODEPOOL_LABEL,
-    force_delete_clusters,
+    Connections,
+    NodePools,
     kubeconfig_for,
     lifecycle_dag,
     rayclusters,
     states,
-    suffix,
-    use_connections,
     wait_no_pods,
 )
 
@@ -32,11 +31,11 @@ CLUSTER = "flaky"
 
 
 def test_lifecycle_survives_api_faults(airflow_home: Path, k8s_control_plane: ControlPlane, head_nodes: list[str],
-                                       monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
-                                       caplog: pytest.LogCaptureFixture) -> None:
+                                       node_pools: NodePools, namespace: str, connections: Connections,
+                                       capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     cp = k8s_control_plane
-    ns = cp.create_namespace(f"faults-{suffix()}")
-    pool = f"v4-faults-{suffix()}"
+    ns = namespace
+    pool = node_pools.name("v4-faults")  # added once the watch was cut and resumed
     collection = rf"^/apis/ray\.io/v1/namespaces/{ns}/rayclusters$"
     item = rf"^/apis/ray\.io/v1/namespaces/{ns}/rayclusters/{CLUSTER}$"
 
@@ -50,7 +49,7 @@ def test_lifecycle_survives_api_faults(airflow_home: Path, k8s_control_plane: Co
         proxy.inject("answer", "DELETE", item, status=503)
         proxy.inject("answer", "DELETE", item, status=429, retry_after=1)
         # TLS toward the client too, with the proxy's own CA in the kubeconfig.
-        use_connections(monkeypatch, kubeconfig_for(proxy.url, proxy.ca_pem or b"", cp.admin_token, ns), ns)
+        connections.use(kubeconfig_for(proxy.url, proxy.ca_pem or b"", cp.admin_token, ns))
 
         def watches(**kw: object) -> list:
             return proxy.seen("GET", collection, watch=True, **kw)
@@ -77,12 +76,8 @@ def test_lifecycle_survives_api_faults(airflow_home: Path, k8s_control_plane: Co
         helper.start()
         create = {"cluster_name": CLUSTER, "accelerator": "v4", "topology": "2x2x2",
                   "worker_pod_template": {"spec": {"nodeSelector": {NODEPOOL_LABEL: pool}}}}
-        try:
-            outcome = run_dag(airflow_home, lifecycle_dag("k8s_faults", create=create), "k8s_faults")
-            helper.join(30)
-        finally:
-            force_delete_clusters(cp, ns)
-            cp.delete_node_pool(pool)
+        outcome = run_dag(airflow_home, lifecycle_dag("k8s_faults", create=create), "k8s_faults")
+        helper.join(30)
         # Task logs go to stdout; the inline trigger's may go to Python logging instead.
         log = capfd.readouterr().out + caplog.text
         requests = seen_summary(proxy.seen())
@@ -123,20 +118,20 @@ def test_lifecycle_survives_api_faults(airflow_home: Path, k8s_control_plane: Co
     assert not proxy.errors, proxy.errors
 
 
-def test_plain_http_proxy_and_a_throttled_list(k8s_control_plane: ControlPlane,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plain_http_proxy_and_a_throttled_list(k8s_control_plane: ControlPlane, namespace: str,
+                                               connections: Connections) -> None:
     """The proxy's plain-HTTP mode; the connection test (list RayClusters) retries a 429."""
     from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 
     cp = k8s_control_plane
-    ns = cp.create_namespace(f"faults-http-{suffix()}")
+    ns = namespace
     collection = rf"^/apis/ray\.io/v1/namespaces/{ns}/rayclusters$"
     with FaultProxy(cp.server, cp.ca_path, tls=False) as proxy:
         assert proxy.url.startswith("http://")
         proxy.inject("answer", "GET", collection, status=429, retry_after=0)
         kubeconfig = cp.kubeconfig_dict(namespace=ns)
         kubeconfig["clusters"] = [{"name": "raytpu-test", "cluster": {"server": proxy.url}}]
-        use_connections(monkeypatch, kubeconfig, ns)
+        connections.use(kubeconfig)
         ok, message = RayTpuHook().test_connection()
         assert ok, message
         assert f"Reached {proxy.url}" in message and "0 made by this provider" in message

@@ -8,7 +8,6 @@ TPU nodes, the virtual kubelet reports them running.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,36 +21,23 @@ from tests.k8s.support import (
     TPU_ACCELERATOR_LABEL,
     TPU_TOPOLOGY_LABEL,
     V6E,
-    force_delete_clusters,
+    NodePools,
     get_json,
     lifecycle_dag,
     list_pods,
-    node_pools,
     rayclusters,
     states,
-    suffix,
-    use_connections,
     wait_no_pods,
 )
 
-pytestmark = [pytest.mark.k8s, pytest.mark.timeout(420)]
+# Each test: a fresh namespace, the connections pointing at it with the admin identity.
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(420), pytest.mark.usefixtures("admin_connections")]
 
 
 @pytest.fixture(scope="module")
-def v6e_4x4_nodes(k8s_control_plane: ControlPlane, head_nodes: list[str]) -> Iterator[list[str]]:
+def v6e_4x4_nodes(module_node_pools: NodePools, head_nodes: list[str]) -> list[str]:
     """Two slices' worth of v6e 4x4 hosts (8 nodes, 4 chips each): the only TPU nodes of this module."""
-    with node_pools(k8s_control_plane, (f"v6e-4x4-{suffix()}", {"tpu": V6E, "topology": "4x4", "num_nodes": 8})) as pools:
-        yield next(iter(pools.values()))
-
-
-@pytest.fixture
-def namespace(k8s_control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A fresh namespace; the connections point at it with the admin identity."""
-    cp = k8s_control_plane
-    ns = cp.create_namespace(f"lc-{suffix()}")
-    use_connections(monkeypatch, cp.kubeconfig_dict(namespace=ns), ns)
-    yield ns
-    force_delete_clusters(cp, ns)
+    return module_node_pools.add("v6e-4x4", tpu=V6E, topology="4x4", num_nodes=8).nodes
 
 
 def test_v6e_4x4_two_slices_create_ready_delete(airflow_home: Path, k8s_control_plane: ControlPlane,

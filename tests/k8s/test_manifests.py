@@ -18,7 +18,7 @@ import pytest
 from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin, build_ray_cluster
 from airflow_provider_raytpu.tpu import TpuSlice
 from tests.k8s.controlplane import ControlPlane
-from tests.k8s.support import rayclusters, suffix, use_connections
+from tests.k8s.support import Connections, rayclusters
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
@@ -91,11 +91,6 @@ def missing_or_changed(sent: Any, stored: Any, path: str = "") -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def namespace(k8s_control_plane: ControlPlane) -> str:
-    return k8s_control_plane.create_namespace(f"manifests-{suffix()}")
-
-
-@pytest.fixture(scope="module")
 def custom_objects(k8s_control_plane: ControlPlane) -> Iterator[Any]:
     from kubernetes import client
 
@@ -124,7 +119,7 @@ def test_ray_cluster_is_accepted_strictly_and_kept_whole(custom_objects: Any, na
 
 def test_an_unknown_field_is_refused_not_pruned(custom_objects: Any, namespace: str,
                                                 k8s_control_plane: ControlPlane,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                connections: Connections) -> None:
     """The control: this server does enforce Strict on our CRDs, down inside pod templates;
     and through the provider a typo in a user's fragment is a clear, non-retried error."""
     from kubernetes.client.rest import ApiException
@@ -140,7 +135,7 @@ def test_an_unknown_field_is_refused_not_pruned(custom_objects: Any, namespace: 
     message = json.loads(refused.value.body)["message"]
     assert 'strict decoding error: unknown field "spec.workerGroupSpecs[0].template.spec.nodeSelecter"' in message
 
-    use_connections(monkeypatch, k8s_control_plane.kubeconfig_dict(namespace=namespace), namespace)
+    connections.as_admin()
     with pytest.raises(FatalError) as error:
         RayTpuHook().backend.apply_cluster(manifest)
     assert f"refused to create rayclusters.ray.io in namespace '{namespace}'" in str(error.value)

@@ -18,14 +18,11 @@ from tests.k8s.controlplane import ControlPlane
 from tests.k8s.support import (
     NODEPOOL_LABEL,
     REPLICA_INDEX,
-    force_delete_clusters,
+    NodePools,
     lifecycle_dag,
-    node_pools,
     pod_ready,
     ready_delete_dag,
     states,
-    suffix,
-    use_connections,
     wait_for,
     wait_no_pods,
 )
@@ -47,19 +44,13 @@ async def first_event(trigger: RayClusterReadyTrigger) -> dict[str, Any]:
     raise AssertionError("the trigger ended without an event")
 
 
+@pytest.mark.usefixtures("admin_connections")
 def test_preempted_host_recreates_its_slice_which_is_not_ready_until_replaced(
-        airflow_home: Path, k8s_control_plane: ControlPlane, head_nodes: list[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    cp = k8s_control_plane
-    ns = cp.create_namespace(f"preempt-{suffix()}")
-    use_connections(monkeypatch, cp.kubeconfig_dict(namespace=ns), ns)
-    pool = f"v4-{suffix()}"
+        airflow_home: Path, k8s_control_plane: ControlPlane, head_nodes: list[str], node_pools: NodePools,
+        namespace: str) -> None:
     # Two v4 2x2x2 slices (2 hosts of 4 chips each) on exactly four nodes of one pool.
-    with node_pools(cp, (pool, {"tpu": V4, "topology": "2x2x2", "num_nodes": 4})):
-        try:
-            _preemption(airflow_home, cp, ns, pool)
-        finally:
-            force_delete_clusters(cp, ns)
+    pool = node_pools.add("v4", tpu=V4, topology="2x2x2", num_nodes=4).name
+    _preemption(airflow_home, k8s_control_plane, namespace, pool)
 
 
 def _preemption(airflow_home: Path, cp: ControlPlane, ns: str, pool: str) -> None:

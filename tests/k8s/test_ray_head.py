@@ -13,7 +13,6 @@ proxy through the same API server.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,17 +22,7 @@ from airflow_provider_raytpu.manifests.raycluster import DASHBOARD_PORT
 from tests.airflow_runner import run_dag
 from tests.k8s.controlplane import ControlPlane
 from tests.k8s.hostpods import host_address
-from tests.k8s.support import (
-    SA,
-    bind,
-    documented_role,
-    force_delete_clusters,
-    node_pools,
-    states,
-    suffix,
-    use_connections,
-    wait_no_pods,
-)
+from tests.k8s.support import Connections, NodePools, documented_role, states, wait_no_pods
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(600)]
 
@@ -42,20 +31,12 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "example_dags"
 
 
 @pytest.fixture(scope="module")
-def head_pool(k8s_control_plane: ControlPlane) -> Iterator[str]:
+def head_pool(module_node_pools: NodePools) -> str:
     """A node whose pods really run (this machine's address) for the head, and one v4 2x2x2 slice;
     the head's node pool name."""
-    head = f"ray-head-{suffix()}"
-    with node_pools(k8s_control_plane, (head, {"cpu_nodes": 1, "host_processes": True}),
-                    (f"v4-head-{suffix()}", {"tpu": V4, "topology": "2x2x2"})):
-        yield head
-
-
-@pytest.fixture
-def namespace(k8s_control_plane: ControlPlane) -> Iterator[str]:
-    ns = k8s_control_plane.create_namespace(f"head-{suffix()}")
-    yield ns
-    force_delete_clusters(k8s_control_plane, ns)
+    head = module_node_pools.add("ray-head", cpu_nodes=1, host_processes=True).name
+    module_node_pools.add("v4-head", tpu=V4, topology="2x2x2")
+    return head
 
 
 def service_proxy_requests(cp: ControlPlane) -> dict[str, int]:
@@ -101,10 +82,9 @@ with DAG("k8s_ray_head_job", schedule=None, start_date=datetime(2026, 1, 1), def
 
 def test_a_job_through_the_service_proxy_reaches_the_real_head(
         airflow_home: Path, k8s_control_plane: ControlPlane, head_pool: str, namespace: str,
-        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+        connections: Connections, capfd: pytest.CaptureFixture[str]) -> None:
     cp = k8s_control_plane
-    token = bind(cp, namespace, documented_role())
-    use_connections(monkeypatch, cp.kubeconfig_dict(token=token, user=SA, namespace=namespace), namespace)
+    connections.as_role(documented_role())
     before = service_proxy_requests(cp)
 
     outcome = run_dag(airflow_home, JOB_DAG.replace("HEAD_POOL", repr(head_pool)), "k8s_ray_head_job")
@@ -148,10 +128,9 @@ with DAG("k8s_ray_head_service", schedule=None, start_date=datetime(2026, 1, 1),
 
 def test_a_rayservice_is_running_through_the_real_operator(
         airflow_home: Path, k8s_control_plane: ControlPlane, head_pool: str, namespace: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        connections: Connections) -> None:
     cp = k8s_control_plane
-    token = bind(cp, namespace, documented_role())
-    use_connections(monkeypatch, cp.kubeconfig_dict(token=token, user=SA, namespace=namespace), namespace)
+    connections.as_role(documented_role())
     source = SERVICE_DAG.replace("HEAD_POOL", repr(head_pool)).replace("EXAMPLES", repr(str(EXAMPLES)))
 
     outcome = run_dag(airflow_home, source, "k8s_ray_head_service")

@@ -4,7 +4,6 @@ ServiceAccount token bound to exactly that Role, then to a copy without ``delete
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +12,12 @@ import pytest
 from tests.airflow_runner import run_dag
 from tests.k8s.controlplane import ControlPlane
 from tests.k8s.support import (
-    SA,
-    bind,
+    Connections,
+    NodePools,
     documented_role,
-    force_delete_clusters,
     lifecycle_dag,
-    node_pools,
     rayclusters,
     states,
-    suffix,
-    use_connections,
     wait_no_pods,
 )
 
@@ -32,10 +27,9 @@ V4 = "tpu-v4-podslice"
 
 
 @pytest.fixture(scope="module")
-def v4_nodes(k8s_control_plane: ControlPlane, head_nodes: list[str]) -> Iterator[list[str]]:
+def v4_nodes(module_node_pools: NodePools, head_nodes: list[str]) -> list[str]:
     """One v4 2x2x2 slice's worth of hosts (2 nodes of 4 chips)."""
-    with node_pools(k8s_control_plane, (f"v4-rbac-{suffix()}", {"tpu": V4, "topology": "2x2x2"})) as pools:
-        yield next(iter(pools.values()))
+    return module_node_pools.add("v4-rbac", tpu=V4, topology="2x2x2").nodes
 
 
 def without_delete_on_rayclusters(role: dict[str, Any]) -> dict[str, Any]:
@@ -69,23 +63,15 @@ def assert_only_namespaced(cp: ControlPlane, token: str, namespace: str) -> None
             assert denied.value.status == 403
 
 
-@pytest.fixture
-def namespace(k8s_control_plane: ControlPlane) -> Iterator[str]:
-    ns = k8s_control_plane.create_namespace(f"rbac-{suffix()}")
-    yield ns
-    force_delete_clusters(k8s_control_plane, ns)
-
-
 CREATE = {"cluster_name": "least-privilege", "accelerator": "v4", "topology": "2x2x2"}
 
 
 def test_documented_role_runs_the_whole_lifecycle(airflow_home: Path, k8s_control_plane: ControlPlane,
                                                   v4_nodes: list[str], namespace: str,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+                                                  connections: Connections) -> None:
     cp = k8s_control_plane
-    token = bind(cp, namespace, documented_role())
+    token = connections.as_role(documented_role())
     assert_only_namespaced(cp, token, namespace)
-    use_connections(monkeypatch, cp.kubeconfig_dict(token=token, user=SA, namespace=namespace), namespace)
 
     outcome = run_dag(airflow_home, lifecycle_dag("k8s_rbac_ok", create=CREATE), "k8s_rbac_ok")
     assert states(outcome) == {"create_cluster": "success", "wait_ready": "success", "delete_cluster": "success"}
@@ -97,10 +83,9 @@ def test_documented_role_runs_the_whole_lifecycle(airflow_home: Path, k8s_contro
 
 def test_role_without_delete_fails_the_delete_task_with_a_permission_error(
         airflow_home: Path, k8s_control_plane: ControlPlane, v4_nodes: list[str], namespace: str,
-        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+        connections: Connections, capfd: pytest.CaptureFixture[str]) -> None:
     cp = k8s_control_plane
-    token = bind(cp, namespace, without_delete_on_rayclusters(documented_role()))
-    use_connections(monkeypatch, cp.kubeconfig_dict(token=token, user=SA, namespace=namespace), namespace)
+    connections.as_role(without_delete_on_rayclusters(documented_role()))
 
     outcome = run_dag(airflow_home, lifecycle_dag("k8s_rbac_no_delete", create=CREATE), "k8s_rbac_no_delete")
     assert (outcome["create_cluster"].state, outcome["wait_ready"].state) == ("success", "success")
