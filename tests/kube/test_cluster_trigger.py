@@ -13,7 +13,7 @@ from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.triggers.raycluster import RayClusterReadyTrigger
-from tests.fakekube.kuberay import KubeRayReactor, replica_failure, unschedulable
+from tests.fakekube.kuberay import KubeRayReactor, replica_failure
 from tests.fakekube.server import FakeKubeApiServer
 from tests.kube.conftest import NAMESPACE
 
@@ -123,14 +123,6 @@ async def test_fires_gone_when_deleted(backend: KubeRayBackend, kube: FakeKubeAp
     await asyncio.to_thread(kube.wait_for, lambda: kube.open_watches == 1)
     await asyncio.to_thread(backend.delete_cluster, "train", NAMESPACE)
     assert (await task)["status"] == "GONE"
-
-
-async def test_deadline_fires_a_diagnosis(backend: KubeRayBackend, kuberay: KubeRayReactor) -> None:
-    kuberay.set_mode(unschedulable("0/4 nodes are available: 4 Insufficient google.com/tpu."))
-    create(backend)
-    event = await first_event(trigger(deadline_in=1.5))
-    assert event["status"] == "TIMEOUT"
-    assert "slice 1 host 3" in event["diagnosis"] and "Insufficient google.com/tpu" in event["diagnosis"]
 
 
 async def test_missing_connection_is_an_error_event() -> None:

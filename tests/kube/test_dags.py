@@ -94,17 +94,3 @@ def test_expired_clusters_are_deleted(airflow_home: Path, connections: None, kub
     assert outcome["delete_expired"].result == [f"{NAMESPACE}/old"]
     assert sorted(c["metadata"]["name"] for c in kube.list_objects("rayclusters", NAMESPACE)) == ["fresh", "unmanaged"]
 
-
-def test_sensor_times_out_with_a_diagnosis(airflow_home: Path, connections: None, kube: FakeKubeApiServer,
-                                           capfd: pytest.CaptureFixture[str]) -> None:
-    from tests.fakekube.kuberay import unschedulable
-
-    source = LIFECYCLE.format(dag_id="stuck").replace("timeout=60", "timeout=3")
-    with KubeRayReactor(kube, mode=unschedulable("0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.")):
-        outcome = run_dag(airflow_home, source, "stuck",
-                          conf={"accelerator": "v6e", "topology": "2x4", "slices": "1", "spot": "false"})
-    assert (outcome["wait_ready"].state, outcome["wait_ready"].try_number) == ("failed", 1)
-    assert outcome["delete_cluster"].state == "success"
-    log = capfd.readouterr().out
-    assert "not ready after 3 s" in log
-    assert "- slice 0 (pod nightly-train-" in log and "didn't match Pod's node affinity/selector" in log

@@ -1,4 +1,4 @@
-"""The KubeRay backend over real HTTP: create/adopt/conflict/update, delete, retries, RBAC errors, status."""
+"""The KubeRay backend over real HTTP: create/adopt/conflict/update, delete, retries, listing, dashboard URLs."""
 
 from __future__ import annotations
 
@@ -6,12 +6,10 @@ import pytest
 
 from airflow_provider_raytpu.backends.base import Applied
 from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
-from airflow_provider_raytpu.errors import ConflictError, FatalError, PermissionDeniedError
+from airflow_provider_raytpu.errors import ConflictError, FatalError
 from airflow_provider_raytpu.hooks.raytpu import ConnectionNotFoundError, RayTpuHook
 from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin, build_ray_cluster
-from airflow_provider_raytpu.status import Phase
 from airflow_provider_raytpu.tpu import TpuSlice
-from tests.fakekube.kuberay import KubeRayReactor, unschedulable
 from tests.fakekube.server import FakeKubeApiServer
 from tests.kube.conftest import NAMESPACE
 
@@ -79,15 +77,6 @@ def test_other_client_errors_are_not_retried(backend: KubeRayBackend, kube: Fake
     assert creates(kube) == 1
 
 
-def test_forbidden_delete_names_the_missing_permission(backend: KubeRayBackend, kube: FakeKubeApiServer) -> None:
-    backend.apply_cluster(manifest())
-    kube.deny("delete", "rayclusters")
-    with pytest.raises(PermissionDeniedError) as info:
-        backend.delete_cluster("train", NAMESPACE)
-    text = str(info.value)
-    assert "may not delete rayclusters.ray.io in namespace 'ml'" in text and "Role" in text
-
-
 def test_delete_is_idempotent(backend: KubeRayBackend, kube: FakeKubeApiServer) -> None:
     backend.apply_cluster(manifest())
     assert backend.delete_cluster("train", NAMESPACE) is True
@@ -103,29 +92,6 @@ def test_list_by_label(backend: KubeRayBackend, kube: FakeKubeApiServer) -> None
     mine = backend.list_clusters(NAMESPACE, "app.kubernetes.io/managed-by=airflow-provider-raytpu")
     assert sorted(c["metadata"]["name"] for c in mine) == ["a", "b"]
     assert len(backend.list_clusters(None, "app.kubernetes.io/managed-by=airflow-provider-raytpu")) == 2
-
-
-def test_status_follows_the_slices(backend: KubeRayBackend, kube: FakeKubeApiServer, kuberay: KubeRayReactor) -> None:
-    kuberay.set_mode("hold")
-    backend.apply_cluster(manifest())
-    kube.wait_for(lambda: len(kuberay.pods("train", NAMESPACE)) == 9)
-    status = backend.cluster_status("train", NAMESPACE)
-    assert status.phase is Phase.PROVISIONING and status.desired_hosts == 8
-    kuberay.set_mode("auto")
-    kuberay.wait_ready("train", NAMESPACE)
-    status = backend.cluster_status("train", NAMESPACE)
-    assert status.phase is Phase.READY
-    assert [(s.ready_hosts, s.hosts) for s in status.slices] == [(4, 4), (4, 4)]
-
-
-def test_diagnosis_names_unschedulable_pods(backend: KubeRayBackend, kube: FakeKubeApiServer,
-                                            kuberay: KubeRayReactor) -> None:
-    kuberay.set_mode(unschedulable("0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."))
-    backend.apply_cluster(manifest())
-    kube.wait_for(lambda: len(kuberay.pods("train", NAMESPACE)) == 9)
-    text = backend.diagnose("train", NAMESPACE)
-    assert text.startswith("PROVISIONING")
-    assert "slice 0 host 0" in text and "didn't match Pod's node affinity/selector" in text
 
 
 def test_dashboard_urls(backend: KubeRayBackend, kube: FakeKubeApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
