@@ -16,6 +16,7 @@ from typing import Any
 
 from airflow_provider_raytpu.manifests.merge import merge_fragment
 from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, label_value, resource_name
+from airflow_provider_raytpu.manifests.options import DEFAULT_HEAD_RESOURCES, DEFAULT_WORKER_RESOURCES, RayClusterOptions
 from airflow_provider_raytpu.tpu import TPU_RESOURCE, TpuSlice
 
 API_VERSION = "ray.io/v1"
@@ -29,7 +30,6 @@ TPU_SLICE_ANNOTATION = KEY_PREFIX + "tpu-slice"
 SPEC_HASH_ANNOTATION = KEY_PREFIX + "spec-hash"
 EXPIRES_AT_ANNOTATION = KEY_PREFIX + "expires-at"
 
-DEFAULT_IMAGE = "rayproject/ray:2.60.0-py311-tpu"
 DEFAULT_WORKER_GROUP = "tpu-slices"
 DASHBOARD_PORT = 8265
 SERVE_PORT = 8000
@@ -125,20 +125,9 @@ def build_ray_cluster(
     name: str,
     namespace: str,
     tpu: TpuSlice,
-    image: str = DEFAULT_IMAGE,
-    ray_version: str | None = None,
-    head_resources: Mapping[str, Any] | None = None,
-    worker_resources: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    head_ray_start_params: Mapping[str, Any] | None = None,
-    worker_ray_start_params: Mapping[str, Any] | None = None,
-    service_account_name: str | None = None,
-    labels: Mapping[str, str] | None = None,
-    annotations: Mapping[str, str] | None = None,
+    options: RayClusterOptions = RayClusterOptions(),
     origin: AirflowOrigin | None = None,
     expires_at: datetime | None = None,
-    head_pod_template: Mapping[str, Any] | None = None,
-    worker_pod_template: Mapping[str, Any] | None = None,
     worker_group_name: str = DEFAULT_WORKER_GROUP,
 ) -> dict[str, Any]:
     """Render a ray.io/v1 RayCluster: a CPU head and one TPU worker group of whole slices.
@@ -152,35 +141,26 @@ def build_ray_cluster(
     :param name: the cluster name; normalised to an RFC 1123 label of at most 53 characters.
     :param namespace: the Kubernetes namespace.
     :param tpu: the slice shape of the worker group.
-    :param image: the Ray image for head and workers (a ``-tpu`` image on GKE).
-    :param ray_version: ``spec.rayVersion``; taken from the image tag when omitted.
-    :param head_resources: cpu/memory of the head container (requests = limits).
-    :param worker_resources: cpu/memory of each host container; ``google.com/tpu`` is added.
-    :param env: environment variables for every Ray container.
-    :param head_ray_start_params: extra ``ray start`` flags for the head.
-    :param worker_ray_start_params: extra ``ray start`` flags for the TPU hosts.
-    :param service_account_name: the pods' service account (Workload Identity reaches GCS).
-    :param labels: extra labels on the RayCluster.
-    :param annotations: extra annotations on the RayCluster.
+    :param options: image, resources, env, ray start flags, service account, labels,
+        annotations and pod-template fragments (see :class:`RayClusterOptions`).
     :param origin: the Airflow task creating it, recorded as labels and annotations.
     :param expires_at: when :class:`DeleteExpiredRayClustersOperator` may delete it.
-    :param head_pod_template: a fragment merged over the head pod template.
-    :param worker_pod_template: a fragment merged over the TPU host pod template.
     :param worker_group_name: the worker group's name.
     """
     name = resource_name(name, "cluster_name", RAY_CLUSTER_NAME_LIMIT)
+    image, env, service_account_name = options.image, options.env, options.service_account_name
     head_template = merge_fragment(
-        _head_template(image, head_resources or {"cpu": "2", "memory": "8Gi"}, env, service_account_name),
-        dict(head_pod_template or {}),
+        _head_template(image, options.head_resources or DEFAULT_HEAD_RESOURCES, env, service_account_name),
+        dict(options.head_pod_template or {}),
     )
     worker_template = merge_fragment(
-        _worker_template(tpu, image, worker_resources or {"cpu": "8", "memory": "32Gi"}, env, service_account_name),
-        dict(worker_pod_template or {}),
+        _worker_template(tpu, image, options.worker_resources or DEFAULT_WORKER_RESOURCES, env, service_account_name),
+        dict(options.worker_pod_template or {}),
     )
     spec: dict[str, Any] = {
         "enableInTreeAutoscaling": False,
         "headGroupSpec": {
-            "rayStartParams": _str_map({"dashboard-host": "0.0.0.0", **(head_ray_start_params or {})}),
+            "rayStartParams": _str_map({"dashboard-host": "0.0.0.0", **(options.head_ray_start_params or {})}),
             "template": head_template,
         },
         "workerGroupSpecs": [
@@ -190,15 +170,15 @@ def build_ray_cluster(
                 "minReplicas": tpu.num_slices,
                 "maxReplicas": tpu.num_slices,
                 "numOfHosts": tpu.hosts_per_slice,
-                "rayStartParams": _str_map(worker_ray_start_params or {}),
+                "rayStartParams": _str_map(options.worker_ray_start_params or {}),
                 "template": worker_template,
             }
         ],
     }
-    if version := ray_version or _ray_version_of(image):
+    if version := options.ray_version or _ray_version_of(image):
         spec["rayVersion"] = version
-    all_labels = {MANAGED_BY_LABEL: MANAGED_BY, **(labels or {})}
-    all_annotations = {**(annotations or {}), TPU_SLICE_ANNOTATION: json.dumps(tpu.to_dict(), sort_keys=True)}
+    all_labels = {MANAGED_BY_LABEL: MANAGED_BY, **(options.labels or {})}
+    all_annotations = {**(options.annotations or {}), TPU_SLICE_ANNOTATION: json.dumps(tpu.to_dict(), sort_keys=True)}
     if origin:
         all_labels.update({DAG_ID_KEY: label_value(origin.dag_id), TASK_ID_KEY: label_value(origin.task_id),
                            RUN_ID_KEY: label_value(origin.run_id)})

@@ -24,6 +24,7 @@ How a model version is recorded, and how a reader tells the clusters apart:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,10 +32,10 @@ from typing import Any
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.merge import merge_fragment
 from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, label_value, resource_name
+from airflow_provider_raytpu.manifests.options import RayClusterOptions
 from airflow_provider_raytpu.manifests.raycluster import (
     API_VERSION,
     DAG_ID_KEY,
-    DEFAULT_IMAGE,
     KEY_PREFIX,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -156,19 +157,8 @@ def build_ray_service(
     in_place: bool = False,
     upgrade_strategy: str = "NewCluster",
     serve_options: Mapping[str, Any] | None = None,
-    image: str = DEFAULT_IMAGE,
-    ray_version: str | None = None,
-    head_resources: Mapping[str, Any] | None = None,
-    worker_resources: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    head_ray_start_params: Mapping[str, Any] | None = None,
-    worker_ray_start_params: Mapping[str, Any] | None = None,
-    service_account_name: str | None = None,
-    labels: Mapping[str, str] | None = None,
-    annotations: Mapping[str, str] | None = None,
+    options: RayClusterOptions = RayClusterOptions(),
     origin: AirflowOrigin | None = None,
-    head_pod_template: Mapping[str, Any] | None = None,
-    worker_pod_template: Mapping[str, Any] | None = None,
     cluster_deletion_delay_seconds: int | None = None,
     history_limit: int = HISTORY_LIMIT,
 ) -> dict[str, Any]:
@@ -187,19 +177,10 @@ def build_ray_service(
         prepares a fresh cluster and switches to it when it serves.
     :param upgrade_strategy: ``spec.upgradeStrategy.type``: ``NewCluster`` or ``None``.
     :param serve_options: top-level Serve options (``http_options``, ``proxy_location``...).
-    :param image: the Ray image for head and TPU hosts.
-    :param ray_version: ``rayVersion``; taken from the image tag when omitted.
-    :param head_resources: cpu/memory of the head container.
-    :param worker_resources: cpu/memory of each TPU host container.
-    :param env: environment variables for every Ray container.
-    :param head_ray_start_params: extra ``ray start`` flags for the head.
-    :param worker_ray_start_params: extra ``ray start`` flags for the TPU hosts.
-    :param service_account_name: the pods' service account (Workload Identity reaches GCS).
-    :param labels: extra labels on the RayService (KubeRay copies them to its clusters).
-    :param annotations: extra annotations on the RayService.
+    :param options: the serving cluster's image, resources, env, ray start flags, service
+        account and pod-template fragments, and the RayService's labels and annotations
+        (see :class:`RayClusterOptions`).
     :param origin: the Airflow task deploying it, recorded as labels and annotations.
-    :param head_pod_template: a fragment merged over the head pod template.
-    :param worker_pod_template: a fragment merged over each TPU host pod template.
     :param cluster_deletion_delay_seconds: ``rayClusterDeletionDelaySeconds``: how long
         KubeRay keeps the old cluster after a switch (its default is 60 s).
     :param history_limit: how many versions the history annotation keeps.
@@ -223,21 +204,12 @@ def build_ray_service(
     current_spec = (current or {}).get("spec") or {}
     kept = cluster_spec_version(current_spec.get("rayClusterConfig")) if in_place else None
     at_cluster = kept or version
-    cluster = build_ray_cluster(
-        name=name,
-        namespace=namespace,
-        tpu=tpu,
-        image=image,
-        ray_version=ray_version,
-        head_resources=head_resources,
-        worker_resources=worker_resources,
-        env=env,
-        head_ray_start_params=head_ray_start_params,
-        worker_ray_start_params=worker_ray_start_params,
-        service_account_name=service_account_name,
-        head_pod_template=_with_version(head_pod_template, at_cluster),
-        worker_pod_template=_with_version(worker_pod_template, at_cluster),
+    cluster_options = dataclasses.replace(
+        options,
+        head_pod_template=_with_version(options.head_pod_template, at_cluster),
+        worker_pod_template=_with_version(options.worker_pod_template, at_cluster),
     )
+    cluster = build_ray_cluster(name=name, namespace=namespace, tpu=tpu, options=cluster_options)
     serve = build_serve_config(applications, tpu, version=version, options=serve_options)
     spec: dict[str, Any] = {
         "upgradeStrategy": {"type": upgrade_strategy},
@@ -254,9 +226,9 @@ def build_ray_service(
             update_kind(current) or CREATED)
     else:
         update = NEW_CLUSTER
-    all_labels = {MANAGED_BY_LABEL: MANAGED_BY, **(labels or {})}
+    all_labels = {MANAGED_BY_LABEL: MANAGED_BY, **(options.labels or {})}
     all_annotations = {
-        **(annotations or {}),
+        **(options.annotations or {}),
         TPU_SLICE_ANNOTATION: json.dumps(tpu.to_dict(), sort_keys=True),
         MODEL_VERSION_ANNOTATION: version,
         VERSION_HISTORY_ANNOTATION: json.dumps(next_history(version_history(current), version, history_limit)),

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, resource_name
+from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
 from airflow_provider_raytpu.manifests.raycluster import (
-    DEFAULT_IMAGE,
     EXPIRES_AT_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -53,18 +53,11 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
     :param cluster_name: the RayCluster's name; default: the DAG id and a hash of the run id.
     :param namespace: the namespace; default: the connection's.
     :param raytpu_conn_id: the ``raytpu`` connection.
-    :param image: the Ray image (a ``-tpu`` image on GKE).
-    :param ray_version: ``spec.rayVersion``; default: from the image tag.
-    :param head_resources: cpu/memory of the head container.
-    :param worker_resources: cpu/memory of each TPU host container.
-    :param env: environment variables for every Ray container.
-    :param head_ray_start_params: extra ``ray start`` flags for the head.
-    :param worker_ray_start_params: extra ``ray start`` flags for the TPU hosts.
-    :param service_account_name: the pods' Kubernetes service account (Workload Identity).
-    :param labels: extra labels on the RayCluster.
-    :param annotations: extra annotations on the RayCluster.
-    :param head_pod_template: a pod-template fragment merged over the head's.
-    :param worker_pod_template: a pod-template fragment merged over each TPU host's.
+    :param cluster_options: image, resources, env, ray start flags, service account, labels,
+        annotations and pod-template fragments: a
+        :class:`~airflow_provider_raytpu.manifests.options.RayClusterOptions` or a dict of
+        its fields, every field templated. Each field can also be given as a keyword
+        argument of its own (``image=...``, ``env=...``), but not both ways.
     :param max_lifetime: after this, :class:`DeleteExpiredRayClustersOperator` deletes the cluster.
     :param update_if_exists: update a same-named cluster whose spec differs instead of failing.
     """
@@ -74,15 +67,10 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         "cluster_name",
         "namespace",
         "raytpu_conn_id",
-        "image",
-        "env",
-        "labels",
-        "annotations",
-        "service_account_name",
-        "head_pod_template",
-        "worker_pod_template",
+        "cluster_options",
         "update_if_exists",
     )
+    template_fields_renderers = {"cluster_options": "json"}
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -96,22 +84,12 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         cluster_name: str | None = None,
         namespace: str | None = None,
         raytpu_conn_id: str = DEFAULT_CONN_ID,
-        image: str = DEFAULT_IMAGE,
-        ray_version: str | None = None,
-        head_resources: Mapping[str, Any] | None = None,
-        worker_resources: Mapping[str, Any] | None = None,
-        env: Mapping[str, str] | None = None,
-        head_ray_start_params: Mapping[str, Any] | None = None,
-        worker_ray_start_params: Mapping[str, Any] | None = None,
-        service_account_name: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        annotations: Mapping[str, str] | None = None,
-        head_pod_template: Mapping[str, Any] | None = None,
-        worker_pod_template: Mapping[str, Any] | None = None,
+        cluster_options: RayClusterOptions | Mapping[str, Any] | str | None = None,
         max_lifetime: timedelta = timedelta(hours=24),
         update_if_exists: bool | str = False,
         **kwargs: Any,
     ) -> None:
+        options = take_cluster_options(cluster_options, kwargs)
         super().__init__(**kwargs)
         self.accelerator = accelerator
         self.topology = topology
@@ -121,24 +99,14 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         self.cluster_name = cluster_name
         self.namespace = namespace
         self.raytpu_conn_id = raytpu_conn_id
-        self.image = image
-        self.ray_version = ray_version
-        self.head_resources = head_resources
-        self.worker_resources = worker_resources
-        self.env = env
-        self.head_ray_start_params = head_ray_start_params
-        self.worker_ray_start_params = worker_ray_start_params
-        self.service_account_name = service_account_name
-        self.labels = labels
-        self.annotations = annotations
-        self.head_pod_template = head_pod_template
-        self.worker_pod_template = worker_pod_template
+        self.cluster_options = options
         self.max_lifetime = max_lifetime
         self.update_if_exists = update_if_exists
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
             tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host)
+            options = RayClusterOptions.from_value(self.cluster_options)
             update_if_exists = parse_bool(self.update_if_exists, "update_if_exists")
             name = resource_name(self.cluster_name or default_cluster_name(context), "cluster_name")
             namespace = self.resolved_namespace()
@@ -146,20 +114,9 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
                 name=name,
                 namespace=namespace,
                 tpu=tpu,
-                image=self.image,
-                ray_version=self.ray_version,
-                head_resources=self.head_resources,
-                worker_resources=self.worker_resources,
-                env=self.env,
-                head_ray_start_params=self.head_ray_start_params,
-                worker_ray_start_params=self.worker_ray_start_params,
-                service_account_name=self.service_account_name,
-                labels=self.labels,
-                annotations=self.annotations,
+                options=options,
                 origin=origin_of(context),
                 expires_at=datetime.now(timezone.utc) + self.max_lifetime,
-                head_pod_template=self.head_pod_template,
-                worker_pod_template=self.worker_pod_template,
             )
             self.log.info("RayCluster %s/%s: %s", namespace, name, tpu.describe())
             result = self.backend.apply_cluster(manifest, update_if_exists=update_if_exists)

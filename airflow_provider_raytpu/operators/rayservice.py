@@ -9,7 +9,8 @@ from airflow.sdk import BaseOperator
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, resource_name
-from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, DEFAULT_IMAGE, RUN_ID_KEY, TASK_ID_KEY
+from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
+from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, RUN_ID_KEY, TASK_ID_KEY
 from airflow_provider_raytpu.manifests.rayservice import (
     UPDATE_ANNOTATION,
     build_ray_service,
@@ -75,18 +76,11 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
     :param rollback: promote the previous version from the service's history; ``version`` is then ignored.
     :param upgrade_strategy: KubeRay's ``upgradeStrategy.type``: ``NewCluster`` or ``None`` (with ``in_place``).
     :param serve_options: top-level Serve options (``http_options``, ``proxy_location``, ``logging_config``).
-    :param image: the Ray image (a ``-tpu`` image on GKE).
-    :param ray_version: ``rayVersion``; default: from the image tag.
-    :param head_resources: cpu/memory of the head container.
-    :param worker_resources: cpu/memory of each TPU host container.
-    :param env: environment variables for every Ray container.
-    :param head_ray_start_params: extra ``ray start`` flags for the head.
-    :param worker_ray_start_params: extra ``ray start`` flags for the TPU hosts.
-    :param service_account_name: the pods' Kubernetes service account (Workload Identity).
-    :param labels: extra labels on the RayService.
-    :param annotations: extra annotations on the RayService.
-    :param head_pod_template: a pod-template fragment merged over the head's.
-    :param worker_pod_template: a pod-template fragment merged over each TPU host's.
+    :param cluster_options: the serving cluster's image, resources, env, ray start flags,
+        service account and pod-template fragments, and the RayService's labels and
+        annotations: a :class:`~airflow_provider_raytpu.manifests.options.RayClusterOptions`
+        or a dict of its fields, every field templated. Each field can also be given as a
+        keyword argument of its own (``image=...``, ``env=...``), but not both ways.
     :param cluster_deletion_delay_seconds: how long KubeRay keeps the old cluster after a switch.
     """
 
@@ -100,15 +94,9 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         "in_place",
         "rollback",
         "serve_options",
-        "image",
-        "env",
-        "labels",
-        "annotations",
-        "service_account_name",
-        "head_pod_template",
-        "worker_pod_template",
+        "cluster_options",
     )
-    template_fields_renderers = {"applications": "json", "serve_options": "json"}
+    template_fields_renderers = {"applications": "json", "serve_options": "json", "cluster_options": "json"}
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -128,21 +116,11 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         rollback: bool | str = False,
         upgrade_strategy: str = "NewCluster",
         serve_options: Mapping[str, Any] | None = None,
-        image: str = DEFAULT_IMAGE,
-        ray_version: str | None = None,
-        head_resources: Mapping[str, Any] | None = None,
-        worker_resources: Mapping[str, Any] | None = None,
-        env: Mapping[str, str] | None = None,
-        head_ray_start_params: Mapping[str, Any] | None = None,
-        worker_ray_start_params: Mapping[str, Any] | None = None,
-        service_account_name: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        annotations: Mapping[str, str] | None = None,
-        head_pod_template: Mapping[str, Any] | None = None,
-        worker_pod_template: Mapping[str, Any] | None = None,
+        cluster_options: RayClusterOptions | Mapping[str, Any] | str | None = None,
         cluster_deletion_delay_seconds: int | None = None,
         **kwargs: Any,
     ) -> None:
+        options = take_cluster_options(cluster_options, kwargs)
         super().__init__(**kwargs)
         self.applications = applications
         self.version = version
@@ -158,18 +136,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         self.rollback = rollback
         self.upgrade_strategy = upgrade_strategy
         self.serve_options = serve_options
-        self.image = image
-        self.ray_version = ray_version
-        self.head_resources = head_resources
-        self.worker_resources = worker_resources
-        self.env = env
-        self.head_ray_start_params = head_ray_start_params
-        self.worker_ray_start_params = worker_ray_start_params
-        self.service_account_name = service_account_name
-        self.labels = labels
-        self.annotations = annotations
-        self.head_pod_template = head_pod_template
-        self.worker_pod_template = worker_pod_template
+        self.cluster_options = options
         self.cluster_deletion_delay_seconds = cluster_deletion_delay_seconds
 
     def _version_to_deploy(self, context: Context, current: dict[str, Any] | None, rollback: bool,
@@ -191,6 +158,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
             tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host)
+            options = RayClusterOptions.from_value(self.cluster_options)
             in_place = parse_bool(self.in_place, "in_place")
             rollback = parse_bool(self.rollback, "rollback")
             name = resource_name(self.service_name or default_service_name(context), "service_name",
@@ -209,19 +177,8 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
                 in_place=in_place,
                 upgrade_strategy=self.upgrade_strategy,
                 serve_options=self.serve_options,
-                image=self.image,
-                ray_version=self.ray_version,
-                head_resources=self.head_resources,
-                worker_resources=self.worker_resources,
-                env=self.env,
-                head_ray_start_params=self.head_ray_start_params,
-                worker_ray_start_params=self.worker_ray_start_params,
-                service_account_name=self.service_account_name,
-                labels=self.labels,
-                annotations=self.annotations,
+                options=options,
                 origin=origin_of(context),
-                head_pod_template=self.head_pod_template,
-                worker_pod_template=self.worker_pod_template,
                 cluster_deletion_delay_seconds=self.cluster_deletion_delay_seconds,
             )
             previous = previous_version(version_history(manifest), version)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_raytpu.manifests.options import RayClusterOptions
 from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin, build_ray_cluster
 from airflow_provider_raytpu.tpu import TpuSlice
 from tests.k8s.controlplane import ControlPlane
@@ -65,14 +66,16 @@ SHAPES = {
     "v5p-4x4x4": dict(tpu=TpuSlice("v5p", "4x4x4", num_slices=2)),
     "v7x-2x2x1": dict(tpu=TpuSlice("v7x", "2x2x1")),
     "v6e-4x4-with-fragments": dict(
-        tpu=TpuSlice("v6e", "4x4"), worker_pod_template=WORKER_FRAGMENT, head_pod_template=HEAD_FRAGMENT,
-        env={"RAY_memory_monitor_refresh_ms": "0"}, service_account_name="ray-workload",
-        head_ray_start_params={"num-cpus": 0}, worker_ray_start_params={"object-store-memory": 10**9},
-        labels={"cost-center": "research"}, annotations={"example.com/owner": "ml-platform"},
-        head_resources={"cpu": "4", "memory": "16Gi"}, worker_resources={"cpu": "100", "memory": "400Gi"},
+        tpu=TpuSlice("v6e", "4x4"), options=RayClusterOptions(
+            worker_pod_template=WORKER_FRAGMENT, head_pod_template=HEAD_FRAGMENT,
+            env={"RAY_memory_monitor_refresh_ms": "0"}, service_account_name="ray-workload",
+            head_ray_start_params={"num-cpus": 0}, worker_ray_start_params={"object-store-memory": 10**9},
+            labels={"cost-center": "research"}, annotations={"example.com/owner": "ml-platform"},
+            head_resources={"cpu": "4", "memory": "16Gi"}, worker_resources={"cpu": "100", "memory": "400Gi"},
+        ),
     ),
     "v5p-2x2x1-fragments": dict(tpu=TpuSlice("v5p", "2x2x1", num_slices=3, spot=True),
-                                worker_pod_template=WORKER_FRAGMENT),
+                                options=RayClusterOptions(worker_pod_template=WORKER_FRAGMENT)),
 }
 
 
@@ -128,7 +131,8 @@ def test_an_unknown_field_is_refused_not_pruned(custom_objects: Any, namespace: 
     from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 
     typo = {"spec": {"nodeSelecter": {"cloud.google.com/gke-nodepool": "tpu-pool"}}}
-    manifest = build_ray_cluster(name="typo", namespace=namespace, tpu=TpuSlice("v6e", "4x4"), worker_pod_template=typo)
+    manifest = build_ray_cluster(name="typo", namespace=namespace, tpu=TpuSlice("v6e", "4x4"),
+                                 options=RayClusterOptions(worker_pod_template=typo))
     with pytest.raises(ApiException) as refused:
         dry_run_create(custom_objects, namespace, manifest, "rayclusters")
     assert refused.value.status == 400
@@ -150,7 +154,7 @@ def test_ray_service_is_accepted_strictly_and_kept_whole(custom_objects: Any, na
            "args": {"llm_configs": [{"model_loading_config": {"model_id": "m", "model_source": "gs://b/m"}}]},
            "version_arg": "llm_configs.0.model_loading_config.model_source"}
     for name, tpu, kwargs in [
-        ("chat-v6e", TpuSlice("v6e", "4x4"), {"worker_pod_template": WORKER_FRAGMENT,
+        ("chat-v6e", TpuSlice("v6e", "4x4"), {"options": RayClusterOptions(worker_pod_template=WORKER_FRAGMENT),
                                               "cluster_deletion_delay_seconds": 30}),
         ("chat-v5e", TpuSlice("v5e", "2x4", chips_per_host=4), {}),
     ]:

@@ -94,3 +94,78 @@ def test_expired_clusters_are_deleted(airflow_home: Path, connections: None, kub
     assert outcome["delete_expired"].result == [f"{NAMESPACE}/old"]
     assert sorted(c["metadata"]["name"] for c in kube.list_objects("rayclusters", NAMESPACE)) == ["fresh", "unmanaged"]
 
+OPTIONS = '''
+from datetime import datetime
+from airflow.sdk import DAG, Param
+from airflow_provider_raytpu.manifests.options import RayClusterOptions
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
+
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), default_args={{"retries": 2, "retry_delay": 0}},
+         params={{"image": Param("rayproject/ray:2.60.0-py311-tpu"), "worker_cpu": Param("8"), "team": Param("ml")}}):
+    CreateRayClusterOperator(
+        task_id="create_cluster", cluster_name="options", accelerator="v6e", topology="2x4",
+        image="{{{{ params.image }}}}",
+        worker_resources={worker_resources},
+        head_ray_start_params={{"num-cpus": "{{{{ params.worker_cpu | int - 8 }}}}"}},
+        cluster_options=RayClusterOptions(labels={{"team": "{{{{ params.team }}}}"}}, env={{"RUN": "{{{{ run_id }}}}"}}),
+    )
+'''
+
+
+def test_params_choose_the_cluster_options(airflow_home: Path, connections: None, kube: FakeKubeApiServer) -> None:
+    """Every cluster option is templated, inside mappings too, whether given flat or in cluster_options."""
+    from airflow_provider_raytpu.manifests.options import RayClusterOptions
+    from airflow_provider_raytpu.manifests.raycluster import SPEC_HASH_ANNOTATION, build_ray_cluster
+    from airflow_provider_raytpu.tpu import TpuSlice
+
+    source = OPTIONS.format(dag_id="options", worker_resources='{"cpu": "{{ params.worker_cpu }}", "memory": "64Gi"}')
+    outcome = run_dag(airflow_home, source, "options",
+                      conf={"image": "registry.example/ray:2.61.0-py311-tpu", "worker_cpu": "40", "team": "research"})
+    assert outcome["create_cluster"].state == "success"
+    stored = kube.get_object("rayclusters", NAMESPACE, "options")
+    head, (group,) = stored["spec"]["headGroupSpec"], stored["spec"]["workerGroupSpecs"]
+    (worker,) = group["template"]["spec"]["containers"]
+    assert head["template"]["spec"]["containers"][0]["image"] == worker["image"] == "registry.example/ray:2.61.0-py311-tpu"
+    assert stored["spec"]["rayVersion"] == "2.61.0", "the version is read from the rendered image, not the template"
+    assert worker["resources"]["limits"] == {"cpu": "40", "memory": "64Gi", "google.com/tpu": "8"}
+    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-cpus": "32"}
+    assert stored["metadata"]["labels"]["team"] == "research"
+    (run_env,) = worker["env"]
+    assert run_env["name"] == "RUN" and run_env["value"].startswith("manual__")
+    # The operator renders exactly what the builder renders for the same (rendered) options.
+    by_hand = build_ray_cluster(name="options", namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x4"), options=RayClusterOptions(
+        image="registry.example/ray:2.61.0-py311-tpu", worker_resources={"cpu": "40", "memory": "64Gi"},
+        head_ray_start_params={"num-cpus": "32"}, labels={"team": "research"}, env={"RUN": run_env["value"]}))
+    assert stored["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == by_hand["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+
+
+def test_a_whole_options_dict_from_params_with_native_rendering(airflow_home: Path, connections: None,
+                                                                 kube: FakeKubeApiServer) -> None:
+    source = '''
+from datetime import datetime
+from airflow.sdk import DAG, Param
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
+
+with DAG("native_options", schedule=None, start_date=datetime(2026, 1, 1), render_template_as_native_obj=True,
+         params={"cluster_options": Param({"image": "rayproject/ray:2.60.0-py311-tpu"}, type="object")}):
+    CreateRayClusterOperator(task_id="create_cluster", cluster_name="native", accelerator="v6e", topology="2x2",
+                             cluster_options="{{ params.cluster_options }}")
+'''
+    chosen = {"image": "rayproject/ray:2.61.0-py311-tpu", "worker_resources": {"cpu": 16, "memory": "48Gi"},
+              "service_account_name": "ray-tpu"}
+    outcome = run_dag(airflow_home, source, "native_options", conf={"cluster_options": chosen})
+    assert outcome["create_cluster"].state == "success"
+    spec = kube.get_object("rayclusters", NAMESPACE, "native")["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert spec["containers"][0]["image"] == "rayproject/ray:2.61.0-py311-tpu"
+    assert spec["containers"][0]["resources"]["requests"] == {"cpu": "16", "memory": "48Gi", "google.com/tpu": "4"}
+    assert spec["serviceAccountName"] == "ray-tpu"
+
+
+def test_an_option_that_renders_to_the_wrong_type_fails_before_any_api_call(
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer, capfd: pytest.CaptureFixture[str]) -> None:
+    # Without native rendering a template renders a string, not the dict worker_resources must be.
+    source = OPTIONS.format(dag_id="bad_options", worker_resources='"{{ params.worker_cpu }}"')
+    outcome = run_dag(airflow_home, source, "bad_options")
+    assert (outcome["create_cluster"].state, outcome["create_cluster"].try_number) == ("failed", 1)
+    assert kube.count("POST") == 0
+    assert "worker_resources='8': is not a mapping" in capfd.readouterr().out

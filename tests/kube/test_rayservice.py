@@ -237,6 +237,35 @@ def test_rollback_promotes_the_previous_version_and_a_retry_keeps_it(airflow_hom
     assert kube.count("PUT", SERVICES + "/chat$") == puts
 
 
+def test_params_choose_the_serving_cluster_options(airflow_home: Path, connections: None,
+                                                   kube: FakeKubeApiServer) -> None:
+    from airflow_provider_raytpu.manifests.options import RayClusterOptions
+    from airflow_provider_raytpu.manifests.raycluster import SPEC_HASH_ANNOTATION
+
+    options = ("image='{{ params.image }}', cluster_options={'worker_resources': {'cpu': '{{ params.worker_cpu }}', "
+               "'memory': '64Gi'}, 'labels': {'team': '{{ params.team }}'}}")
+    source = dag("serve_options", deploy=options).replace(
+        "params={'version': 'gs://b/ckpt-1'}",
+        "params={'version': 'gs://b/ckpt-1', 'image': 'rayproject/ray:2.60.0-py311-tpu', 'worker_cpu': '8', "
+        "'team': 'ml'}")
+    outcome = run_dag(airflow_home, source, "serve_options",
+                      conf={"image": "rayproject/ray-llm:2.61.0-py311-tpu", "worker_cpu": "40", "team": "research"})
+    assert outcome["deploy"].state == "success"
+    stored = kube.get_object("rayservices", NAMESPACE, "chat")
+    config = stored["spec"]["rayClusterConfig"]
+    (worker,) = config["workerGroupSpecs"][0]["template"]["spec"]["containers"]
+    assert config["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == worker["image"] == (
+        "rayproject/ray-llm:2.61.0-py311-tpu")
+    assert config["rayVersion"] == "2.61.0"
+    assert worker["resources"]["limits"] == {"cpu": "40", "memory": "64Gi", "google.com/tpu": "4"}
+    assert stored["metadata"]["labels"]["team"] == "research"
+    by_hand = build_ray_service(
+        name="chat", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4"), applications=[LLM_APP], version="gs://b/ckpt-1",
+        options=RayClusterOptions(image="rayproject/ray-llm:2.61.0-py311-tpu", labels={"team": "research"},
+                                  worker_resources={"cpu": "40", "memory": "64Gi"}))
+    assert stored["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == by_hand["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+
+
 def test_bad_input_fails_before_any_api_call(airflow_home: Path, connections: None, kube: FakeKubeApiServer) -> None:
     source = dag("no_topology").replace(f"APPS = {LLM_APP!r}", "APPS = " + repr({
         **LLM_APP, "args": {"llm_configs": [{"model_loading_config": {"model_id": "m"},

@@ -27,6 +27,7 @@ from airflow_provider_raytpu.backends.local import LocalBackend
 from airflow_provider_raytpu.backends.local_supervisor import free_port, plan_cluster, port_open
 from airflow_provider_raytpu.backends.settings import ConnectionSettings
 from airflow_provider_raytpu.errors import ConflictError, InvalidInputError
+from airflow_provider_raytpu.manifests.options import RayClusterOptions
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.status import Phase
 from airflow_provider_raytpu.tpu import TpuSlice
@@ -197,7 +198,8 @@ def test_apply_again_adopts_and_a_different_spec_conflicts(
     assert actions == [Applied.ADOPTED, Applied.ADOPTED]
     assert _pids(local_backend, emulated_cluster) == before
 
-    different = build_ray_cluster(name="emu", namespace="default", tpu=TpuSlice("v4", "2x2x2"), env={"X": "1"})
+    different = build_ray_cluster(name="emu", namespace="default", tpu=TpuSlice("v4", "2x2x2"),
+                                  options=RayClusterOptions(env={"X": "1"}))
     with pytest.raises(ConflictError, match="update_if_exists"):
         local_backend.apply_cluster(different)
     assert _pids(local_backend, emulated_cluster) == before
@@ -399,7 +401,7 @@ async def test_a_head_that_cannot_start_makes_the_cluster_failed_with_its_log(
     monkeypatch.setenv("RAYTPU_LOCAL_MAX_FAILED_STARTS", "1")  # read by the supervisor: fail on the first try
     manifest = build_ray_cluster(
         name="broken", namespace="default", tpu=TpuSlice("v4", "2x2x1"),
-        head_ray_start_params={"resources": '"{\\"x\\": -1}"'},
+        options=RayClusterOptions(head_ray_start_params={"resources": '"{\\"x\\": -1}"'}),
     )
     assert local_backend.apply_cluster(manifest).action is Applied.CREATED
     try:
@@ -414,7 +416,8 @@ async def test_a_head_that_cannot_start_makes_the_cluster_failed_with_its_log(
 def test_the_plan_gives_each_host_what_a_gke_tpu_host_gets() -> None:
     """Pure: the manifest -> local Ray nodes mapping, for two slices (no process is started)."""
     manifest = build_ray_cluster(name="two", namespace="default", tpu=TpuSlice("v4", "2x2x2", num_slices=2),
-                                 env={"FOO": "bar", "JAX_PLATFORMS": "tpu"}, head_resources={"cpu": "4"})
+                                 options=RayClusterOptions(env={"FOO": "bar", "JAX_PLATFORMS": "tpu"},
+                                                           head_resources={"cpu": "4"}))
     plan = plan_cluster(manifest, 8)
     assert plan.slice_names == ("two-slice-0", "two-slice-1") and plan.total_hosts == 4
     assert plan.head.num_cpus == 1 and plan.head.env["FOO"] == "bar" and not plan.head.resources

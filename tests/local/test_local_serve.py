@@ -24,6 +24,7 @@ import yaml
 from airflow_provider_raytpu.backends.local import LocalBackend
 from airflow_provider_raytpu.backends.local_serve import LocalServeMixin, local_cluster_name
 from airflow_provider_raytpu.backends.settings import ConnectionSettings
+from airflow_provider_raytpu.manifests.options import RayClusterOptions
 from airflow_provider_raytpu.manifests.rayservice import build_ray_service
 from airflow_provider_raytpu.operators.rayservice import DeleteRayServiceOperator
 from airflow_provider_raytpu.status import ServicePhase
@@ -158,7 +159,8 @@ def test_an_application_that_raises_at_start_fails_the_sensor_fast(airflow_home:
 def apply_by_hand(backend: LocalServeMixin, version: str, tpu_chips: int) -> None:
     """Apply a RayService written by hand, past the preflight: a replica asks for ``tpu_chips`` TPU chips."""
     manifest = build_ray_service(name=SERVICE, namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x2"), applications=APPS,
-                                 version=version, current=backend.get_service(SERVICE, NAMESPACE), **SMALL)
+                                 version=version, current=backend.get_service(SERVICE, NAMESPACE),
+                                 options=RayClusterOptions(**SMALL))
     config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     config["applications"][0]["deployments"][0]["ray_actor_options"]["resources"] = {"TPU": tpu_chips}
     manifest["spec"]["serveConfigV2"] = yaml.safe_dump(config)

@@ -10,6 +10,7 @@ import pytest
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.merge import merge_fragment
 from airflow_provider_raytpu.manifests.names import label_value, resource_name
+from airflow_provider_raytpu.manifests.options import OPTION_NAMES, RayClusterOptions
 from airflow_provider_raytpu.manifests.raycluster import (
     SPEC_HASH_ANNOTATION,
     TPU_SLICE_ANNOTATION,
@@ -24,7 +25,9 @@ ORIGIN = AirflowOrigin("nightly_finetune", "scheduled__2026-12-01T00:00:00+00:00
 
 
 def cluster(**kwargs: object) -> dict:
-    args = {"name": "nightly", "namespace": "ml", "tpu": TpuSlice("v6e", "4x4", num_slices=2)}
+    """``build_ray_cluster`` with the cluster options given one by one, as an operator takes them."""
+    options = RayClusterOptions(**{k: kwargs.pop(k) for k in OPTION_NAMES if k in kwargs})  # type: ignore[arg-type]
+    args = {"name": "nightly", "namespace": "ml", "tpu": TpuSlice("v6e", "4x4", num_slices=2), "options": options}
     return build_ray_cluster(**{**args, **kwargs})  # type: ignore[arg-type]
 
 

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.manifests.options import OPTION_NAMES, RayClusterOptions
 from airflow_provider_raytpu.manifests.raycluster import SPEC_HASH_ANNOTATION, AirflowOrigin, build_ray_cluster, spec_hash
 from airflow_provider_raytpu.manifests.rayservice import (
     MODEL_VERSION_ANNOTATION,
@@ -50,6 +51,8 @@ def plain_app(**deployment: object) -> dict:
 
 
 def service(**kwargs: object) -> dict:
+    """``build_ray_service`` with the cluster options given one by one, as an operator takes them."""
+    kwargs["options"] = RayClusterOptions(**{k: kwargs.pop(k) for k in OPTION_NAMES if k in kwargs})  # type: ignore[arg-type]
     args = {"name": "chat", "namespace": "ml", "tpu": V6E_4X4, "applications": [llm_app()], "version": "gs://b/ckpt-1"}
     return build_ray_service(**{**args, **kwargs})  # type: ignore[arg-type]
 
@@ -94,7 +97,8 @@ def test_schema_check_catches_unknown_fields(kuberay: str) -> None:
 
 def test_cluster_config_is_the_raycluster_spec_plus_the_version() -> None:
     manifest = service(image="rayproject/ray:2.60.0-py311-tpu")
-    cluster = build_ray_cluster(name="chat", namespace="ml", tpu=V6E_4X4, image="rayproject/ray:2.60.0-py311-tpu")
+    cluster = build_ray_cluster(name="chat", namespace="ml", tpu=V6E_4X4,
+                                options=RayClusterOptions(image="rayproject/ray:2.60.0-py311-tpu"))
     config = manifest["spec"]["rayClusterConfig"]
     for template in (config["headGroupSpec"]["template"], config["workerGroupSpecs"][0]["template"]):
         assert template["metadata"]["annotations"] == {MODEL_VERSION_ANNOTATION: "gs://b/ckpt-1"}

@@ -1,0 +1,136 @@
+"""The pod and cluster options of a RayCluster beyond its slice shape, in one value.
+
+:class:`RayClusterOptions` is what :func:`build_ray_cluster` and :func:`build_ray_service`
+take and what ``CreateRayClusterOperator`` and ``DeployRayServiceOperator`` accept as
+``cluster_options`` (or field by field as keyword arguments of the same names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from airflow_provider_raytpu.errors import InvalidInputError
+
+DEFAULT_IMAGE = "rayproject/ray:2.60.0-py311-tpu"
+DEFAULT_HEAD_RESOURCES = {"cpu": "2", "memory": "8Gi"}
+DEFAULT_WORKER_RESOURCES = {"cpu": "8", "memory": "32Gi"}
+
+
+@dataclass(frozen=True)
+class RayClusterOptions:
+    """The image, resources, environment and pod settings of a RayCluster's head and TPU hosts.
+
+    The slice shape is not here: it is the operators' ``accelerator``, ``topology``,
+    ``num_slices``, ``spot`` and ``chips_per_host``. Given to an operator, every field is
+    templated, also inside mappings.
+
+    :param image: the Ray image for head and TPU hosts (a ``-tpu`` image on GKE).
+    :param ray_version: ``spec.rayVersion``; default: from the image tag.
+    :param head_resources: cpu/memory of the head container (requests = limits);
+        default: ``{"cpu": "2", "memory": "8Gi"}``.
+    :param worker_resources: cpu/memory of each TPU host container; ``google.com/tpu`` is
+        added; default: ``{"cpu": "8", "memory": "32Gi"}``.
+    :param env: environment variables for every Ray container.
+    :param head_ray_start_params: extra ``ray start`` flags for the head.
+    :param worker_ray_start_params: extra ``ray start`` flags for the TPU hosts.
+    :param service_account_name: the pods' Kubernetes service account (Workload Identity reaches GCS).
+    :param labels: extra labels on the RayCluster or RayService (KubeRay copies a
+        RayService's to its clusters).
+    :param annotations: extra annotations on the RayCluster or RayService.
+    :param head_pod_template: a pod-template fragment merged over the head's.
+    :param worker_pod_template: a pod-template fragment merged over each TPU host's.
+    """
+
+    image: str = DEFAULT_IMAGE
+    ray_version: str | None = None
+    head_resources: Mapping[str, Any] | None = None
+    worker_resources: Mapping[str, Any] | None = None
+    env: Mapping[str, str] | None = None
+    head_ray_start_params: Mapping[str, Any] | None = None
+    worker_ray_start_params: Mapping[str, Any] | None = None
+    service_account_name: str | None = None
+    labels: Mapping[str, str] | None = None
+    annotations: Mapping[str, str] | None = None
+    head_pod_template: Mapping[str, Any] | None = None
+    worker_pod_template: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.image, str) or not self.image.strip():
+            raise InvalidInputError("image", self.image, "is not an image reference",
+                                    f"Give an image such as {DEFAULT_IMAGE!r}")
+        for name in ("ray_version", "service_account_name"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise InvalidInputError(name, value, "is not a string", f"Give {name} as a string, or leave it out")
+        for name in _MAPPING_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Mapping):
+                raise InvalidInputError(
+                    name, value, "is not a mapping",
+                    f"Give {name} as a dict; to fill it from params, template its values "
+                    "(e.g. {'cpu': '{{ params.cpu }}'}) or set render_template_as_native_obj=True on the DAG",
+                )
+
+    @classmethod
+    def from_value(cls, value: RayClusterOptions | Mapping[str, Any] | None) -> RayClusterOptions:
+        """Read an operator's ``cluster_options`` after templating: these options, a dict of their fields or None."""
+        if isinstance(value, RayClusterOptions):
+            return value
+        return cls(**_option_dict(value))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that differ from their defaults, as a plain dict (what an operator templates)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+
+OPTION_NAMES = tuple(f.name for f in fields(RayClusterOptions))
+_MAPPING_FIELDS = tuple(f.name for f in fields(RayClusterOptions) if str(f.type).startswith("Mapping"))
+
+
+def take_cluster_options(
+    cluster_options: RayClusterOptions | Mapping[str, Any] | str | None, arguments: MutableMapping[str, Any]
+) -> dict[str, Any] | str:
+    """An operator's ``cluster_options`` as one templatable value, with the options given one by one moved in.
+
+    Pops every option name (``image``, ``env``, ...) out of ``arguments`` (an operator's
+    keyword arguments) into the result: a plain dict, so that templating renders every
+    field, also inside mappings. A template string is kept as it is; it must render a dict.
+
+    :param cluster_options: the operator's ``cluster_options``.
+    :param arguments: the operator's other keyword arguments; the option names are removed.
+    :raises InvalidInputError: an option set twice, or flat options next to a template string.
+    """
+    flat = {name: arguments.pop(name) for name in OPTION_NAMES if name in arguments}
+    if isinstance(cluster_options, str):
+        if flat:
+            raise InvalidInputError(
+                "cluster_options", cluster_options, f"is a template, so {', '.join(flat)} cannot be added to it",
+                "Put those options into what the template renders, or give cluster_options as a dict",
+            )
+        return cluster_options
+    given = cluster_options.to_dict() if isinstance(cluster_options, RayClusterOptions) else _option_dict(
+        cluster_options)
+    if twice := sorted(set(flat) & set(given)):
+        field = twice[0]
+        raise InvalidInputError(
+            field, flat[field], f"is given both as a keyword argument and in cluster_options ({given[field]!r})",
+            f"Set {', '.join(twice)} in one place: either in cluster_options or as a keyword argument",
+        )
+    return {**given, **flat}
+
+
+def _option_dict(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidInputError(
+            "cluster_options", value, "is not a dict of cluster options",
+            f"Give RayClusterOptions(...) or a dict with some of: {', '.join(OPTION_NAMES)}; a template that renders "
+            "a dict needs render_template_as_native_obj=True on the DAG",
+        )
+    if unknown := sorted(set(value) - set(OPTION_NAMES)):
+        raise InvalidInputError("cluster_options", unknown, "are not cluster options",
+                                f"Use only: {', '.join(OPTION_NAMES)}")
+    return dict(value)

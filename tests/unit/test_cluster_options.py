@@ -1,0 +1,137 @@
+"""RayClusterOptions: one value for the pod and cluster options of both operators and both builders."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.manifests.options import (
+    DEFAULT_IMAGE,
+    OPTION_NAMES,
+    RayClusterOptions,
+    take_cluster_options,
+)
+from airflow_provider_raytpu.manifests.raycluster import SPEC_HASH_ANNOTATION, AirflowOrigin, build_ray_cluster
+from airflow_provider_raytpu.manifests.rayservice import build_ray_service
+from airflow_provider_raytpu.tpu import TpuSlice
+
+ORIGIN = AirflowOrigin("nightly_finetune", "scheduled__2026-12-01T00:00:00+00:00", "create_cluster")
+EVERY_OPTION = RayClusterOptions(
+    image="rayproject/ray:2.60.0-py311-tpu",
+    ray_version="2.60.0",
+    head_resources={"cpu": 4, "memory": "16Gi"},
+    worker_resources={"cpu": "24", "memory": "96Gi"},
+    env={"JAX_PLATFORMS": "tpu", "B": "1"},
+    head_ray_start_params={"num-cpus": 0},
+    worker_ray_start_params={"object-store-memory": 10**9},
+    service_account_name="ray-ksa",
+    labels={"team": "ml"},
+    annotations={"owner": "ml-platform"},
+    head_pod_template={"metadata": {"labels": {"team": "ml"}}},
+    worker_pod_template={"spec": {"priorityClassName": "batch",
+                                  "containers": [{"name": "ray-worker",
+                                                  "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}],
+                                  "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]}},
+)
+LLM_APP = {"name": "chat", "import_path": "ray.serve.llm:build_openai_app",
+           "args": {"llm_configs": [{"model_loading_config": {"model_id": "m", "model_source": "gs://b/m"}}]},
+           "version_arg": "llm_configs.0.model_loading_config.model_source"}
+
+
+def spec_hash_of(manifest: dict[str, Any]) -> str:
+    return manifest["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+
+
+# The spec hashes of fa61dc7 (before the options became one value). A RayCluster or RayService made
+# by an older release must be adopted by a retry after an upgrade: change these only with a migration.
+def test_spec_hashes_are_pinned_for_fixed_inputs() -> None:
+    two_spot = TpuSlice("v6e", "4x4", num_slices=2, spot=True)
+    assert spec_hash_of(build_ray_cluster(name="nightly", namespace="ml", tpu=TpuSlice("v6e", "4x4"))) == (
+        "7c81c600dd7c5c47")
+    assert spec_hash_of(build_ray_cluster(name="nightly", namespace="ml", tpu=two_spot, options=EVERY_OPTION,
+                                          origin=ORIGIN, expires_at=datetime(2026, 12, 2, tzinfo=timezone.utc))) == (
+        "855b4184db9badf7")
+    assert spec_hash_of(build_ray_service(name="chat", namespace="ml", tpu=TpuSlice("v6e", "4x4"),
+                                          applications=[LLM_APP], version="gs://b/ckpt-1")) == "a28bd3cc63774e34"
+    assert spec_hash_of(build_ray_service(name="chat", namespace="ml", tpu=two_spot, applications=[LLM_APP],
+                                          version="gs://b/ckpt-1", options=EVERY_OPTION, origin=ORIGIN,
+                                          cluster_deletion_delay_seconds=120)) == "0dd9b3b369449bb9"
+
+
+def test_flat_options_move_into_one_dict_and_other_arguments_stay() -> None:
+    arguments: dict[str, Any] = {"image": "ray:x", "env": {"A": "1"}, "task_id": "create", "retries": 2}
+    options = take_cluster_options(RayClusterOptions(worker_resources={"cpu": "4"}), arguments)
+    assert options == {"worker_resources": {"cpu": "4"}, "image": "ray:x", "env": {"A": "1"}}
+    assert arguments == {"task_id": "create", "retries": 2}
+    assert take_cluster_options(None, {}) == {}
+    assert take_cluster_options({"labels": {"team": "ml"}}, {}) == {"labels": {"team": "ml"}}
+    assert take_cluster_options("{{ params.cluster_options }}", {}) == "{{ params.cluster_options }}"
+
+
+def test_to_dict_keeps_what_differs_from_the_defaults_and_round_trips() -> None:
+    assert RayClusterOptions().to_dict() == {}
+    assert RayClusterOptions(image=DEFAULT_IMAGE, env={"A": "1"}).to_dict() == {"env": {"A": "1"}}
+    assert RayClusterOptions.from_value(EVERY_OPTION.to_dict()) == EVERY_OPTION
+    assert set(EVERY_OPTION.to_dict()) == set(OPTION_NAMES) - {"image"}  # its image is the default
+
+
+@pytest.mark.parametrize(
+    ("cluster_options", "arguments", "field", "text"),
+    [
+        ({"image": "ray:a"}, {"image": "ray:b"}, "image", "is given both as a keyword argument and in cluster_options"),
+        (RayClusterOptions(env={"A": "1"}), {"env": {"A": "2"}}, "env", "is given both"),
+        ("{{ params.cluster_options }}", {"env": {"A": "1"}}, "cluster_options", "is a template, so env cannot"),
+        ({"imagee": "ray:a"}, {}, "cluster_options", "are not cluster options"),
+        (["ray:a"], {}, "cluster_options", "is not a dict of cluster options"),
+    ],
+)
+def test_options_given_twice_or_unknown_are_refused_when_the_dag_is_parsed(
+        cluster_options: Any, arguments: dict[str, Any], field: str, text: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        take_cluster_options(cluster_options, arguments)
+    assert info.value.field == field and text in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "text"),
+    [
+        ({"image": ""}, "image", "is not an image reference"),
+        ({"ray_version": 2.6}, "ray_version", "is not a string"),
+        ({"worker_resources": "{'cpu': '8'}"}, "worker_resources", "render_template_as_native_obj=True"),
+        ({"env": ["A=1"]}, "env", "is not a mapping"),
+        ({"worker_group": "x"}, "cluster_options", "are not cluster options"),
+        ("{'image': 'ray:a'}", "cluster_options", "render_template_as_native_obj=True"),
+    ],
+)
+def test_rendered_options_of_the_wrong_type_name_the_field_and_the_fix(value: Any, field: str, text: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        RayClusterOptions.from_value(value)
+    assert info.value.field == field and text in str(info.value)
+
+
+def test_both_operators_take_the_options_flat_or_as_one_value() -> None:
+    from airflow.sdk import DAG
+
+    from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
+    from airflow_provider_raytpu.operators.rayservice import DeployRayServiceOperator, RollbackRayServiceOperator
+
+    slice_args = {"accelerator": "v6e", "topology": "4x4"}
+    service_args = {**slice_args, "applications": [LLM_APP], "version": "v1"}
+    with DAG("options", schedule=None, default_args={"cluster_options": {"labels": {"team": "ml"}}}):
+        flat = CreateRayClusterOperator(task_id="flat", image="ray:x", env={"A": "{{ run_id }}"}, **slice_args)
+        whole = CreateRayClusterOperator(task_id="whole", cluster_options=RayClusterOptions(
+            image="ray:x", env={"A": "{{ run_id }}"}), **slice_args)
+        deploy = DeployRayServiceOperator(task_id="deploy", worker_resources={"cpu": "{{ params.cpu }}"},
+                                          **service_args)
+        rollback = RollbackRayServiceOperator(task_id="rollback", service_account_name="ray-ksa", **service_args)
+    # default_args give cluster_options (not flat option names: they are not __init__ parameters).
+    assert flat.cluster_options == {"labels": {"team": "ml"}, "image": "ray:x", "env": {"A": "{{ run_id }}"}}
+    assert whole.cluster_options == {"image": "ray:x", "env": {"A": "{{ run_id }}"}}
+    assert deploy.cluster_options == {"labels": {"team": "ml"}, "worker_resources": {"cpu": "{{ params.cpu }}"}}
+    assert rollback.cluster_options == {"labels": {"team": "ml"}, "service_account_name": "ray-ksa"}
+    for operator in (flat, deploy):
+        assert "cluster_options" in operator.template_fields
+        assert not set(OPTION_NAMES) & set(operator.template_fields), "one rule: the options are templated as one"
