@@ -177,19 +177,39 @@ def build_ray_cluster(
     }
     if version := options.ray_version or _ray_version_of(image):
         spec["rayVersion"] = version
-    all_labels = {MANAGED_BY_LABEL: MANAGED_BY, **(options.labels or {})}
-    all_annotations = {**(options.annotations or {}), TPU_SLICE_ANNOTATION: json.dumps(tpu.to_dict(), sort_keys=True)}
+    return owned_resource("RayCluster", name, namespace, spec, tpu=tpu, options=options, origin=origin,
+                          expires_at=expires_at)
+
+
+def owned_resource(
+    kind: str,
+    name: str,
+    namespace: str,
+    spec: dict[str, Any],
+    *,
+    tpu: TpuSlice,
+    options: RayClusterOptions,
+    origin: AirflowOrigin | None,
+    notes: Mapping[str, str] | None = None,
+    expires_at: datetime | None = None,
+) -> dict[str, Any]:
+    """A ray.io/v1 object of ``kind`` with what every object made here carries: the managed-by
+    label, the user's labels and annotations, the slice shape, ``notes``, the origin task, the
+    expiry and, last, the spec hash."""
+    labels = {MANAGED_BY_LABEL: MANAGED_BY, **(options.labels or {})}
+    annotations = {**(options.annotations or {}), TPU_SLICE_ANNOTATION: json.dumps(tpu.to_dict(), sort_keys=True),
+                   **(notes or {})}
     if origin:
-        all_labels.update({DAG_ID_KEY: label_value(origin.dag_id), TASK_ID_KEY: label_value(origin.task_id),
-                           RUN_ID_KEY: label_value(origin.run_id)})
-        all_annotations.update({DAG_ID_KEY: origin.dag_id, TASK_ID_KEY: origin.task_id, RUN_ID_KEY: origin.run_id})
+        labels.update({DAG_ID_KEY: label_value(origin.dag_id), TASK_ID_KEY: label_value(origin.task_id),
+                       RUN_ID_KEY: label_value(origin.run_id)})
+        annotations.update({DAG_ID_KEY: origin.dag_id, TASK_ID_KEY: origin.task_id, RUN_ID_KEY: origin.run_id})
     if expires_at:
-        all_annotations[EXPIRES_AT_ANNOTATION] = format_expiry(expires_at)
-    all_annotations[SPEC_HASH_ANNOTATION] = spec_hash(spec)
+        annotations[EXPIRES_AT_ANNOTATION] = format_expiry(expires_at)
+    annotations[SPEC_HASH_ANNOTATION] = spec_hash(spec)
     return {
         "apiVersion": API_VERSION,
-        "kind": "RayCluster",
-        "metadata": {"name": name, "namespace": namespace, "labels": all_labels, "annotations": all_annotations},
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
         "spec": spec,
     }
 

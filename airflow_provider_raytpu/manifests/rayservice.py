@@ -31,20 +31,19 @@ from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.merge import merge_fragment
-from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, label_value, resource_name
+from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, resource_name
 from airflow_provider_raytpu.manifests.options import RayClusterOptions
 from airflow_provider_raytpu.manifests.raycluster import (
     API_VERSION,
     DAG_ID_KEY,
     KEY_PREFIX,
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
     RUN_ID_KEY,
     SPEC_HASH_ANNOTATION,
     TASK_ID_KEY,
     TPU_SLICE_ANNOTATION,
     AirflowOrigin,
     build_ray_cluster,
+    owned_resource,
     spec_hash,
 )
 from airflow_provider_raytpu.manifests.serveconfig import ServeApplication, build_serve_config
@@ -226,25 +225,12 @@ def build_ray_service(
             update_kind(current) or CREATED)
     else:
         update = NEW_CLUSTER
-    all_labels = {MANAGED_BY_LABEL: MANAGED_BY, **(options.labels or {})}
-    all_annotations = {
-        **(options.annotations or {}),
-        TPU_SLICE_ANNOTATION: json.dumps(tpu.to_dict(), sort_keys=True),
+    notes = {
         MODEL_VERSION_ANNOTATION: version,
         VERSION_HISTORY_ANNOTATION: json.dumps(next_history(version_history(current), version, history_limit)),
         UPDATE_ANNOTATION: update,
     }
-    if origin:
-        all_labels.update({DAG_ID_KEY: label_value(origin.dag_id), TASK_ID_KEY: label_value(origin.task_id),
-                           RUN_ID_KEY: label_value(origin.run_id)})
-        all_annotations.update({DAG_ID_KEY: origin.dag_id, TASK_ID_KEY: origin.task_id, RUN_ID_KEY: origin.run_id})
-    all_annotations[SPEC_HASH_ANNOTATION] = spec_hash(spec)
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "RayService",
-        "metadata": {"name": name, "namespace": namespace, "labels": all_labels, "annotations": all_annotations},
-        "spec": spec,
-    }
+    return owned_resource("RayService", name, namespace, spec, tpu=tpu, options=options, origin=origin, notes=notes)
 
 
 def ray_cluster_of(service: Mapping[str, Any], cluster_name: str) -> dict[str, Any]:
