@@ -94,6 +94,7 @@ def test_expired_clusters_are_deleted(airflow_home: Path, connections: None, kub
     assert outcome["delete_expired"].result == [f"{NAMESPACE}/old"]
     assert sorted(c["metadata"]["name"] for c in kube.list_objects("rayclusters", NAMESPACE)) == ["fresh", "unmanaged"]
 
+
 OPTIONS = '''
 from datetime import datetime
 from airflow.sdk import DAG, Param
