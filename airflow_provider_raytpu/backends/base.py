@@ -88,7 +88,8 @@ def foreign_service_error(existing: dict[str, Any]) -> ConflictError:
 def service_config_problems(service: dict[str, Any]) -> list[str]:
     """What in a RayService's Serve config cannot be scheduled on one of its slices, one line each."""
     from airflow_provider_raytpu.manifests.raycluster import tpu_slice_of
-    from airflow_provider_raytpu.manifests.serveconfig import parse_serve_config, serve_config_problems
+    from airflow_provider_raytpu.manifests.serve_preflight import serve_config_problems
+    from airflow_provider_raytpu.manifests.serveconfig import parse_serve_config
 
     tpu = tpu_slice_of(service)
     if tpu is None:

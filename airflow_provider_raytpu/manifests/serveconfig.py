@@ -7,7 +7,8 @@ one bundle per chip, which can span two slices, and the service sits in DEPLOYIN
 forever. A plain Serve deployment whose replica needs more chips than one host has is
 the same trap unless it declares placement-group bundles, one per host. So the builder
 writes the LLM fields from the :class:`TpuSlice`, and :func:`preflight_serve_config`
-refuses what cannot be scheduled on the slice, before anything is applied.
+refuses what cannot be scheduled on the slice, before anything is applied
+(:mod:`~airflow_provider_raytpu.manifests.serve_preflight`).
 
 The LLMConfig field names (``accelerator_type``, ``accelerator_config.kind``,
 ``accelerator_config.topology``) are those of ``ray.llm._internal.serve.core.configs``
@@ -18,20 +19,22 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.manifests.serve_preflight import (
+    fill_llm_config,
+    is_llm_import_path,
+    llm_configs,
+    preflight_serve_config,
+    where_in_config,
+)
 from airflow_provider_raytpu.tpu import TpuSlice
 
-LLM_MODULE = "ray.serve.llm"
-# Where each ray.serve.llm builder takes its LLMConfig(s) in ``args``.
-LLM_CONFIG_ARGS = ("llm_configs", "llm_config", "prefill_config", "decode_config")
-PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-TPU = "TPU"
 _APPLICATION_KEYS = ("name", "import_path", "route_prefix", "args", "deployments", "runtime_env", "version_arg")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*[:.][A-Za-z_]\w*$")
 
@@ -88,33 +91,25 @@ class ServeApplication:
         return cls(**dict(value))
 
 
-def is_llm_import_path(import_path: str) -> bool:
-    return import_path.startswith((LLM_MODULE + ":", LLM_MODULE + "."))
-
-
-def _where(app: str, path: str) -> str:
-    return f"applications[{app!r}].{path}"
-
-
 def _check_application(app: ServeApplication, seen: set[str]) -> None:
     if app.name in seen:
-        raise InvalidInputError(_where(app.name, "name"), app.name, "is used by two applications",
+        raise InvalidInputError(where_in_config(app.name, "name"), app.name, "is used by two applications",
                                 "Give every application its own name")
     seen.add(app.name)
     if not _IMPORT_PATH.match(app.import_path):
-        raise InvalidInputError(_where(app.name, "import_path"), app.import_path, "is not an import path",
+        raise InvalidInputError(where_in_config(app.name, "import_path"), app.import_path, "is not an import path",
                                 "Write 'module:attribute', e.g. 'ray.serve.llm:build_openai_app'")
     if app.route_prefix is not None and (not isinstance(app.route_prefix, str) or not app.route_prefix.startswith("/")):
-        raise InvalidInputError(_where(app.name, "route_prefix"), app.route_prefix, "is not an HTTP route",
+        raise InvalidInputError(where_in_config(app.name, "route_prefix"), app.route_prefix, "is not an HTTP route",
                                 "Write a path starting with '/', e.g. '/' or '/llm'")
     for key, kind in (("args", Mapping), ("runtime_env", Mapping), ("deployments", (list, tuple))):
         value = getattr(app, key)
         if value is not None and not isinstance(value, kind):
-            raise InvalidInputError(_where(app.name, key), value, f"is not a {'list' if key == 'deployments' else 'dict'}",
+            raise InvalidInputError(where_in_config(app.name, key), value, f"is not a {'list' if key == 'deployments' else 'dict'}",
                                     "See the Ray Serve config file reference")
     for index, deployment in enumerate(app.deployments or ()):
         if not isinstance(deployment, Mapping) or not isinstance(deployment.get("name"), str):
-            raise InvalidInputError(_where(app.name, f"deployments[{index}]"), deployment,
+            raise InvalidInputError(where_in_config(app.name, f"deployments[{index}]"), deployment,
                                     "is not a deployment override with a name",
                                     "Write e.g. {'name': 'Model', 'num_replicas': 1}")
 
@@ -128,7 +123,7 @@ def set_version_arg(args: dict[str, Any], path: str, version: str, app: str) -> 
         if isinstance(node, list):
             if not key.isdigit() or int(key) >= len(node):
                 raise InvalidInputError(
-                    _where(app, "version_arg"), path, f"indexes {key!r} into a list of {len(node)} items",
+                    where_in_config(app, "version_arg"), path, f"indexes {key!r} into a list of {len(node)} items",
                     "Point it at an existing list item, e.g. 'llm_configs.0.model_loading_config.model_source'",
                 )
             if last:
@@ -141,7 +136,7 @@ def set_version_arg(args: dict[str, Any], path: str, version: str, app: str) -> 
             else:
                 node = node.setdefault(key, {})
         else:
-            raise InvalidInputError(_where(app, "version_arg"), path, f"passes through {node!r}, which is not a dict",
+            raise InvalidInputError(where_in_config(app, "version_arg"), path, f"passes through {node!r}, which is not a dict",
                                     "Point it at a key of args, e.g. 'checkpoint_uri'")
 
 
@@ -153,7 +148,7 @@ def application_config(app: ServeApplication, version: str | None = None) -> dic
     args = copy.deepcopy(dict(app.args or {}))
     if app.version_arg:
         if version is None:
-            raise InvalidInputError(_where(app.name, "version_arg"), app.version_arg, "needs a version",
+            raise InvalidInputError(where_in_config(app.name, "version_arg"), app.version_arg, "needs a version",
                                     "Give the operator a version, e.g. the checkpoint URI")
         set_version_arg(args, app.version_arg, version, app.name)
     if args:
@@ -161,212 +156,6 @@ def application_config(app: ServeApplication, version: str | None = None) -> dic
     if app.deployments:
         config["deployments"] = [copy.deepcopy(dict(d)) for d in app.deployments]
     return config
-
-
-# -- Ray Serve LLM -------------------------------------------------------------------------
-
-
-def llm_configs(args: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """Every LLMConfig in a Ray Serve LLM builder's args, with its path (``llm_configs[0]``...)."""
-    for key in LLM_CONFIG_ARGS:
-        value = args.get(key)
-        if value is None:
-            continue
-        if key == "llm_configs" and isinstance(value, list):
-            for index, item in enumerate(value):
-                yield f"args.llm_configs[{index}]", item
-        else:
-            yield f"args.{key}", value
-
-
-def fill_llm_config(config: dict[str, Any], tpu: TpuSlice) -> None:
-    """Write ``accelerator_type`` and ``accelerator_config: {kind: tpu, topology}`` where they are absent."""
-    config.setdefault("accelerator_type", tpu.ray_accelerator_type)
-    config.setdefault("accelerator_config", {"kind": "tpu", "topology": tpu.topology})
-
-
-def _llm_problems(app: str, args: Mapping[str, Any], tpu: TpuSlice) -> Iterator[InvalidInputError]:
-    hosts = f"a {tpu.accelerator} {tpu.topology} slice has {tpu.hosts_per_slice} hosts"
-    if not any(True for _ in llm_configs(args)):
-        yield InvalidInputError(
-            _where(app, "args"), dict(args), "has no LLMConfig (none of " + ", ".join(LLM_CONFIG_ARGS) + ")",
-            "Give the Ray Serve LLM builder its configs, e.g. args={'llm_configs': [{'model_loading_config': {...}}]}",
-        )
-    for path, config in llm_configs(args):
-        if not isinstance(config, Mapping):
-            if tpu.is_multi_host:
-                yield InvalidInputError(
-                    _where(app, path), config,
-                    f"is not an inline LLMConfig, so its TPU topology can be neither checked nor set, and {hosts}",
-                    "Write the LLMConfig inline as a dict; accelerator_type and accelerator_config are then "
-                    "derived from the slice",
-                )
-            continue
-        accelerator_type = config.get("accelerator_type")
-        if accelerator_type is not None and accelerator_type != tpu.ray_accelerator_type:
-            yield InvalidInputError(
-                _where(app, f"{path}.accelerator_type"), accelerator_type,
-                f"disagrees with the RayService's slice ({tpu.describe()}), whose Ray accelerator type is "
-                f"{tpu.ray_accelerator_type}",
-                f"Write accelerator_type={tpu.ray_accelerator_type!r}, or leave it out and it is derived from the slice",
-            )
-        accelerator = config.get("accelerator_config")
-        if accelerator is None:
-            continue
-        fix_all = (f"Write accelerator_config={{'kind': 'tpu', 'topology': {tpu.topology!r}}}, or leave "
-                   "accelerator_config out and it is derived from the slice")
-        if not isinstance(accelerator, Mapping) or accelerator.get("kind") != "tpu":
-            kind = accelerator.get("kind") if isinstance(accelerator, Mapping) else accelerator
-            yield InvalidInputError(
-                _where(app, f"{path}.accelerator_config"), accelerator,
-                f"has kind {kind!r}, but the RayService runs on a TPU slice ({tpu.describe()})", fix_all,
-            )
-            continue
-        topology = accelerator.get("topology")
-        if not topology:
-            if tpu.is_multi_host:
-                yield InvalidInputError(
-                    _where(app, f"{path}.accelerator_config"), dict(accelerator),
-                    f"has no topology, but {hosts}: Ray Serve LLM then reserves one bundle per chip, which can "
-                    "span two slices and leave the replica DEPLOYING forever",
-                    fix_all,
-                )
-        elif str(topology).strip().lower() != tpu.topology:
-            yield InvalidInputError(
-                _where(app, f"{path}.accelerator_config.topology"), topology,
-                f"disagrees with the RayService's slice ({tpu.describe()}): a replica is gang-scheduled onto one "
-                "slice of exactly this shape",
-                f"Write topology={tpu.topology!r}, or change the slice's topology",
-            )
-
-
-# -- plain Serve deployments ---------------------------------------------------------------
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
-def _chips(value: Any) -> str:
-    return f"{value:g}"
-
-
-def replica_tpu_chips(deployment: Mapping[str, Any]) -> float:
-    """The TPU chips a deployment's replica actor asks for (``resources.TPU`` or ``num_tpus``)."""
-    options = deployment.get("ray_actor_options") or {}
-    resources = options.get("resources") or {}
-    return max(_number(resources.get(TPU)) or 0.0, _number(options.get("num_tpus")) or 0.0)
-
-
-def _deployment_problems(app: str, deployment: Mapping[str, Any], tpu: TpuSlice) -> Iterator[InvalidInputError]:
-    name = deployment.get("name")
-    where = f"deployments[{name!r}]"
-    host = tpu.host_chips
-    per_host = f"one host of a {tpu.accelerator} {tpu.topology} slice has {host} chips"
-    chips = replica_tpu_chips(deployment)
-    bundles = deployment.get("placement_group_bundles")
-    strategy = deployment.get("placement_group_strategy")
-    bundles_needed = min(tpu.hosts_per_slice, max(1, -(-int(chips) // host))) if chips else tpu.hosts_per_slice
-    example = f"placement_group_bundles=[{{'TPU': {host}}}] * {bundles_needed}, placement_group_strategy='STRICT_SPREAD'"
-    if strategy is not None and strategy not in PLACEMENT_STRATEGIES:
-        yield InvalidInputError(_where(app, f"{where}.placement_group_strategy"), strategy,
-                                "is not a placement strategy", f"Write one of {', '.join(PLACEMENT_STRATEGIES)}")
-    if bundles is None:
-        if strategy is not None:
-            yield InvalidInputError(
-                _where(app, f"{where}.placement_group_strategy"), strategy, "is given without placement_group_bundles",
-                f"Declare the bundles too, e.g. {example}",
-            )
-        if chips > host:
-            yield InvalidInputError(
-                _where(app, f"{where}.ray_actor_options"), dict(deployment.get("ray_actor_options") or {}),
-                f"asks for {_chips(chips)} TPU chips per replica, but {per_host}, and a replica without "
-                "placement-group bundles lives on one host, so it can never be scheduled",
-                f"Declare one bundle per host ({example}) and ask for at most {host} chips in ray_actor_options "
-                "(the replica actor is placed in the first bundle)",
-            )
-        return
-    if not isinstance(bundles, list) or not bundles or not all(isinstance(b, Mapping) for b in bundles):
-        yield InvalidInputError(_where(app, f"{where}.placement_group_bundles"), bundles,
-                                "is not a non-empty list of resource dicts", f"Write e.g. {example}")
-        return
-    sizes = [_number(b.get(TPU, 0)) for b in bundles]
-    if any(size is None for size in sizes):
-        yield InvalidInputError(_where(app, f"{where}.placement_group_bundles"), bundles,
-                                "has a TPU amount that is not a number", f"Write e.g. {example}")
-        return
-    if big := [s for s in sizes if s and s > host]:
-        yield InvalidInputError(
-            _where(app, f"{where}.placement_group_bundles"), bundles,
-            f"has a bundle of {_chips(big[0])} TPU chips, but {per_host}, so no host can hold it",
-            f"Use bundles of at most {host} chips, one per host, e.g. {example}",
-        )
-    if chips > (sizes[0] or 0):
-        yield InvalidInputError(
-            _where(app, f"{where}.ray_actor_options"), dict(deployment.get("ray_actor_options") or {}),
-            f"asks for {_chips(chips)} TPU chips, but Ray Serve places the replica actor in the first "
-            f"placement-group bundle, which has {_chips(sizes[0] or 0)}",
-            f"Ask for at most {_chips(sizes[0] or 0)} chips in ray_actor_options; the bundles hold the rest of the slice",
-        )
-    total = sum(s or 0 for s in sizes)
-    if total > host:
-        if strategy is None:
-            yield InvalidInputError(
-                _where(app, f"{where}.placement_group_strategy"), None,
-                f"is missing, but the bundles hold {_chips(total)} TPU chips and {per_host}",
-                "Write placement_group_strategy='STRICT_SPREAD' (one bundle per host)",
-            )
-        elif strategy == "STRICT_PACK":
-            yield InvalidInputError(
-                _where(app, f"{where}.placement_group_strategy"), strategy,
-                f"puts every bundle on one host, but the bundles hold {_chips(total)} TPU chips and {per_host}",
-                "Write placement_group_strategy='STRICT_SPREAD' (one bundle per host)",
-            )
-        if total > tpu.chips_per_slice:
-            yield InvalidInputError(
-                _where(app, f"{where}.placement_group_bundles"), bundles,
-                f"hold {_chips(total)} TPU chips, more than one {tpu.accelerator} {tpu.topology} slice "
-                f"({tpu.chips_per_slice} chips): the replica would span slices, which have no interconnect",
-                f"Ask for at most {tpu.chips_per_slice} chips ({tpu.hosts_per_slice} bundles of {host}), or use a "
-                "larger topology",
-            )
-
-
-# -- the whole config ----------------------------------------------------------------------
-
-
-def serve_config_problems(config: Mapping[str, Any], tpu: TpuSlice) -> list[InvalidInputError]:
-    """Everything in a Serve config that cannot be scheduled on the slice, or not on one slice.
-
-    :param config: the Serve config (``serveConfigV2`` parsed), with ``applications``.
-    :param tpu: the RayService's slice shape.
-    """
-    problems: list[InvalidInputError] = []
-    for app in config.get("applications") or []:
-        name = app.get("name", "?")
-        if is_llm_import_path(str(app.get("import_path", ""))):
-            problems.extend(_llm_problems(name, app.get("args") or {}, tpu))
-        for deployment in app.get("deployments") or []:
-            problems.extend(_deployment_problems(name, deployment, tpu))
-    return problems
-
-
-def preflight_serve_config(config: Mapping[str, Any], tpu: TpuSlice) -> None:
-    """Refuse a Serve config whose replicas cannot land on one slice; the first problem is raised.
-
-    :raises InvalidInputError: naming the application, the field and the fix.
-    """
-    if problems := serve_config_problems(config, tpu):
-        raise problems[0]
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from airflow_provider_raytpu.manifests.serveconfig import (
     ServeApplication,
     build_serve_config,
     parse_serve_config,
-    serve_config_problems,
 )
+from airflow_provider_raytpu.manifests.serve_preflight import serve_config_problems
 from airflow_provider_raytpu.tpu import TpuSlice
 from tests.crd_schema import KUBERAY_VERSIONS, schema_errors
 
