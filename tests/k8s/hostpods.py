@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_raytpu.backends.local_supervisor import cluster_processes, kill_processes, ray_process_env
+from airflow_provider_raytpu.backends.local.process import cluster_processes, kill_processes, ray_process_env
 
 LABEL_HOST_PROCESSES = "raytpu.test/host-processes"
 

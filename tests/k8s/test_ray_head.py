@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raytpu.backends.local_supervisor import port_open
+from airflow_provider_raytpu.backends.local.process import port_open
 from airflow_provider_raytpu.manifests.raycluster import DASHBOARD_PORT
 from tests.airflow_runner import run_dag
 from tests.k8s.controlplane import ControlPlane

@@ -24,7 +24,8 @@ import pytest
 
 from airflow_provider_raytpu.backends.base import Applied
 from airflow_provider_raytpu.backends.local import LocalBackend
-from airflow_provider_raytpu.backends.local_supervisor import free_port, plan_cluster, port_open
+from airflow_provider_raytpu.backends.local.plan import plan_cluster
+from airflow_provider_raytpu.backends.local.process import free_port, port_open
 from airflow_provider_raytpu.backends.settings import ConnectionSettings
 from airflow_provider_raytpu.errors import ConflictError, InvalidInputError
 from airflow_provider_raytpu.manifests.options import RayClusterOptions
@@ -368,7 +369,7 @@ def test_concurrent_creates_start_one_supervisor_and_an_orphaned_cluster_is_clea
         supervisor = local_backend.supervisor("race", "other")
         supervisors = [
             pid for pid in psutil.pids()
-            if "airflow_provider_raytpu.backends.local_supervisor" in (command := " ".join(_cmdline(pid)))
+            if "airflow_provider_raytpu.backends.local.supervisor" in (command := " ".join(_cmdline(pid)))
             and str(local_backend.cluster_dir("race", "other")) in command
         ]
         assert supervisors == [supervisor["pid"]]
@@ -435,7 +436,7 @@ def test_the_plan_gives_each_host_what_a_gke_tpu_host_gets() -> None:
 
 
 def test_label_selectors_follow_kubernetes() -> None:
-    from airflow_provider_raytpu.backends.local import selector_matches
+    from airflow_provider_raytpu.backends.local.selectors import selector_matches
 
     labels = {"app.kubernetes.io/managed-by": "airflow-provider-raytpu", "tier": "gold"}
     assert selector_matches(labels, "")

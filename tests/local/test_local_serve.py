@@ -22,7 +22,7 @@ import requests
 import yaml
 
 from airflow_provider_raytpu.backends.local import LocalBackend
-from airflow_provider_raytpu.backends.local_serve import LocalServeMixin, local_cluster_name
+from airflow_provider_raytpu.backends.local.serve import LocalServeMixin, local_cluster_name
 from airflow_provider_raytpu.backends.settings import ConnectionSettings
 from airflow_provider_raytpu.manifests.options import RayClusterOptions
 from airflow_provider_raytpu.manifests.rayservice import build_ray_service

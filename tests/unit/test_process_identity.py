@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from airflow_provider_raytpu.backends.local_supervisor import create_time_of, process_alive
+from airflow_provider_raytpu.backends.local.process import create_time_of, process_alive
 
 
 @pytest.fixture

@@ -24,17 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import fcntl
 import json
 import logging
-import os
 import shutil
-import socket
-import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +42,15 @@ from airflow_provider_raytpu.backends.base import (
     same_spec,
     service_config_problems,
 )
+from airflow_provider_raytpu.backends.local.process import file_lock, free_port, read_json, write_json_atomic
+from airflow_provider_raytpu.backends.local.state import service_dir, stored_form
 from airflow_provider_raytpu.errors import FatalError
-from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, resource_name
 from airflow_provider_raytpu.manifests.rayservice import ray_cluster_of
 from airflow_provider_raytpu.manifests.serveconfig import parse_serve_config
 from airflow_provider_raytpu.status import Phase, ServiceStatus, diagnose_ray_service, read_ray_service
 
 log = logging.getLogger(__name__)
 
-SERVICES_DIR = "services"
 SERVICE_FILE = "rayservice.json"
 SERVE_STATE_FILE = "serve.json"
 CLUSTER_SUFFIX = "-local"
@@ -69,32 +63,6 @@ SERVE_APPLICATIONS_ENDPOINT = "/api/serve/applications/"
 def local_cluster_name(service_name: str) -> str:
     """The local RayCluster that runs a RayService (KubeRay's are ``<name>-<random>``; here one, stable)."""
     return f"{service_name}{CLUSTER_SUFFIX}"
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Readers see the old file or the new one, never a partial one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=1, sort_keys=True)
-    os.replace(temp, path)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _http(method: str, url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, bytes]:
@@ -113,25 +81,19 @@ class LocalServeMixin(ServiceBackend):
 
     def service_dir(self, name: str, namespace: str) -> Path:
         """Where the RayService is recorded (whether or not it exists)."""
-        name = resource_name(name, "service_name", RAY_SERVICE_NAME_LIMIT)
-        return self.home / SERVICES_DIR / resource_name(namespace, "namespace", 63) / name
+        return service_dir(self.home, name, namespace)
 
     @contextlib.contextmanager
     def _service_lock(self, name: str, namespace: str) -> Iterator[None]:
         path = self.service_dir(name, namespace)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.parent / f".{path.name}.lock", "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        with file_lock(path.parent / f".{path.name}.lock"):
+            yield
 
     def _stored(self, name: str, namespace: str) -> dict[str, Any] | None:
-        return _read_json(self.service_dir(name, namespace) / SERVICE_FILE)
+        return read_json(self.service_dir(name, namespace) / SERVICE_FILE)
 
     def _serve_state(self, name: str, namespace: str) -> dict[str, Any]:
-        return _read_json(self.service_dir(name, namespace) / SERVE_STATE_FILE) or {}
+        return read_json(self.service_dir(name, namespace) / SERVE_STATE_FILE) or {}
 
     # -- apply / delete -----------------------------------------------------------------------
 
@@ -146,35 +108,18 @@ class LocalServeMixin(ServiceBackend):
                 action, stored = Applied.ADOPTED, existing
             else:
                 action = Applied.CREATED if existing is None else Applied.UPDATED
-                stored = self._stored_form(manifest, existing)
-                _write_json(path / SERVICE_FILE, stored)
+                stored = stored_form(manifest, existing, changed=existing is None or not same_spec(existing, manifest))
+                path.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(path / SERVICE_FILE, stored)
             state = self._serve_state(name, namespace)
             if "serve_port" not in state:
-                _write_json(path / SERVE_STATE_FILE, {**state, "serve_port": _free_port()})
+                write_json_atomic(path / SERVE_STATE_FILE, {**state, "serve_port": free_port()})
             cluster = ray_cluster_of(stored, local_cluster_name(name))
             # A changed rayClusterConfig (image, resources, slice) restarts the local cluster.
             self.apply_cluster(cluster, update_if_exists=True)  # type: ignore[attr-defined]
         self._wait_for_head(name, namespace)
         self._reconcile(name, namespace)
         return ApplyResult(action, self.get_service(name, namespace) or stored)
-
-    @staticmethod
-    def _stored_form(manifest: dict[str, Any], existing: dict[str, Any] | None) -> dict[str, Any]:
-        stored = copy.deepcopy({k: v for k, v in manifest.items() if k != "status"})
-        metadata = stored["metadata"]
-        if existing is None:
-            metadata.update({"uid": str(uuid.uuid4()), "creationTimestamp": _now(), "generation": 1})
-            return stored
-        old = existing["metadata"]
-        changed = not same_spec(existing, manifest)
-        metadata.update({
-            "uid": old["uid"],
-            "creationTimestamp": old["creationTimestamp"],
-            "generation": int(old.get("generation", 1)) + (1 if changed else 0),
-            "labels": {**(old.get("labels") or {}), **(metadata.get("labels") or {})},
-            "annotations": {**(old.get("annotations") or {}), **(metadata.get("annotations") or {})},
-        })
-        return stored
 
     def _wait_for_head(self, name: str, namespace: str, timeout: float = HEAD_WAIT_SECONDS) -> None:
         """Wait (bounded) until the cluster's head is ready, so the Serve config can be PUT now.
@@ -268,7 +213,7 @@ class LocalServeMixin(ServiceBackend):
                 log.info("Submitted the Serve config of local RayService %s/%s (generation %s)", namespace, name,
                          generation)
             state["submitted_generation"] = generation
-            _write_json(self.service_dir(name, namespace) / SERVE_STATE_FILE, state)
+            write_json_atomic(self.service_dir(name, namespace) / SERVE_STATE_FILE, state)
 
     def _app_states(self, name: str, namespace: str) -> dict[str, tuple[str, str]]:
         details = self.serve_details(name, namespace) or {}
