@@ -121,7 +121,7 @@ class ServicePlay:
         from airflow_provider_raytpu.manifests.rayservice import build_ray_service
         from airflow_provider_raytpu.tpu import TpuSlice
 
-        self.backend.apply_service(build_ray_service(name=self.name, namespace=NS, tpu=TpuSlice("v6e", "4x4"),
+        self.backend.services.apply_service(build_ray_service(name=self.name, namespace=NS, tpu=TpuSlice("v6e", "4x4"),
                                                      applications=[APP], version="v1"))
         service = self.server.get_object("rayservices", NS, self.name)
         self.cluster = f"{self.name}-c0001"
@@ -144,7 +144,7 @@ class ServicePlay:
             num_serve_endpoints=1)
 
     def delete(self) -> None:
-        self.backend.delete_service(self.name, NS)
+        self.backend.services.delete_service(self.name, NS)
         self.backend.delete_cluster(self.cluster, NS)
 
 

@@ -166,11 +166,15 @@ class ServiceBackend(abc.ABC):
         """Send one HTTP request to the service's Serve proxy; the status code and the body."""
 
 
-class ClusterBackend(ServiceBackend):
+class ClusterBackend(abc.ABC):
     """A place where RayClusters (and the RayServices built on them) live.
+
+    Its RayServices are :attr:`services`, an object the backend holds.
 
     :param settings: the parsed ``raytpu`` connection.
     """
+
+    services: ServiceBackend
 
     def __init__(self, settings: ConnectionSettings) -> None:
         self.settings = settings

@@ -31,6 +31,7 @@ from airflow_provider_raytpu.backends.base import (
     Applied,
     ApplyResult,
     ClusterBackend,
+    ServiceBackend,
     conflict_error,
     foreign_service_error,
     is_managed,
@@ -150,6 +151,7 @@ class KubeRayBackend(ClusterBackend):
     def __init__(self, settings: ConnectionSettings) -> None:
         super().__init__(settings)
         self._gke_endpoint: tuple[str, str] | None = None
+        self.services = KubeRayServices(self)
 
     # -- clients ---------------------------------------------------------------------------
 
@@ -300,6 +302,40 @@ class KubeRayBackend(ClusterBackend):
             )
         return answer.get("items", [])
 
+    def _get_object(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
+        try:
+            return self._call(
+                "get", namespace, self.custom_objects.get_namespaced_custom_object, GROUP, VERSION, namespace,
+                plural, name, plural=plural,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _delete_object(self, plural: str, name: str, namespace: str) -> bool:
+        """Delete a ray.io object; ``False`` when it was already gone."""
+        try:
+            self._call(
+                "delete", namespace, self.custom_objects.delete_namespaced_custom_object, GROUP, VERSION, namespace,
+                plural, name, propagation_policy="Background", plural=plural,
+            )
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    async def _aget(self, api_client: k8s_async.ApiClient, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
+        try:
+            return await api_retry()(k8s_async.CustomObjectsApi(api_client).get_namespaced_custom_object)(
+                GROUP, VERSION, namespace, plural, name
+            )
+        except AsyncApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     # -- status ----------------------------------------------------------------------------
 
     def _list_core(self, method: Callable[..., Any], namespace: str, **kwargs: Any) -> list[dict[str, Any]]:
@@ -429,7 +465,15 @@ class KubeRayBackend(ClusterBackend):
     async def adiagnose(self, name: str, namespace: str) -> str:
         return await asyncio.to_thread(self.diagnose, name, namespace)
 
-    # -- RayService ------------------------------------------------------------------------
+
+class KubeRayServices(ServiceBackend):
+    """RayServices as KubeRay custom resources, next to the RayClusters of :class:`KubeRayBackend`.
+
+    :param backend: the backend whose clients and RayClusters it uses.
+    """
+
+    def __init__(self, backend: KubeRayBackend) -> None:
+        self.backend = backend
 
     def apply_service(self, manifest: dict[str, Any]) -> ApplyResult:
         name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
@@ -437,8 +481,8 @@ class KubeRayBackend(ClusterBackend):
             existing = self.get_service(name, namespace)
             if existing is None:
                 try:
-                    created = self._call(
-                        "create", namespace, self.custom_objects.create_namespaced_custom_object,
+                    created = self.backend._call(
+                        "create", namespace, self.backend.custom_objects.create_namespaced_custom_object,
                         GROUP, VERSION, namespace, RAY_SERVICES, manifest, field_validation="Strict",
                         plural=RAY_SERVICES,
                     )
@@ -463,8 +507,8 @@ class KubeRayBackend(ClusterBackend):
                 },
             }
             try:
-                updated = self._call(
-                    "update", namespace, self.custom_objects.replace_namespaced_custom_object,
+                updated = self.backend._call(
+                    "update", namespace, self.backend.custom_objects.replace_namespaced_custom_object,
                     GROUP, VERSION, namespace, RAY_SERVICES, name, replacement, field_validation="Strict",
                     plural=RAY_SERVICES,
                 )
@@ -479,34 +523,10 @@ class KubeRayBackend(ClusterBackend):
         )
 
     def get_service(self, name: str, namespace: str) -> dict[str, Any] | None:
-        return self._get_object(RAY_SERVICES, name, namespace)
-
-    def _get_object(self, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
-        try:
-            return self._call(
-                "get", namespace, self.custom_objects.get_namespaced_custom_object, GROUP, VERSION, namespace,
-                plural, name, plural=plural,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self.backend._get_object(RAY_SERVICES, name, namespace)
 
     def delete_service(self, name: str, namespace: str) -> bool:
-        return self._delete_object(RAY_SERVICES, name, namespace)
-
-    def _delete_object(self, plural: str, name: str, namespace: str) -> bool:
-        """Delete a ray.io object; ``False`` when it was already gone."""
-        try:
-            self._call(
-                "delete", namespace, self.custom_objects.delete_namespaced_custom_object, GROUP, VERSION, namespace,
-                plural, name, propagation_policy="Background", plural=plural,
-            )
-            return True
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
+        return self.backend._delete_object(RAY_SERVICES, name, namespace)
 
     @staticmethod
     def _cluster_names(service: dict[str, Any] | None) -> tuple[str, str]:
@@ -519,22 +539,22 @@ class KubeRayBackend(ClusterBackend):
     @staticmethod
     def _needs_serve_record(service: dict[str, Any]) -> bool:
         """After an in-place update only Serve itself can say whether the active cluster runs the new config."""
-        active, pending = KubeRayBackend._cluster_names(service)
+        active, pending = KubeRayServices._cluster_names(service)
         return update_kind(service) == IN_PLACE and bool(active) and not pending
 
     def serve_applications(self, cluster_name: str, namespace: str) -> dict[str, Any] | None:
         """Serve's ``applications`` on a cluster (``GET /api/serve/applications/``); ``None`` if unreachable."""
         try:
-            if self.settings.dashboard == "proxy":
-                raw = self.api_client.call_api(
-                    self.dashboard_proxy_path(cluster_name, namespace) + SERVE_APPLICATIONS_ENDPOINT, "GET",
+            if self.backend.settings.dashboard == "proxy":
+                raw = self.backend.api_client.call_api(
+                    self.backend.dashboard_proxy_path(cluster_name, namespace) + SERVE_APPLICATIONS_ENDPOINT, "GET",
                     header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
                     _preload_content=False, _return_http_data_only=True,
                 )
                 return json.loads(raw.data).get("applications") or {}
             import requests
 
-            answer = requests.get(self.dashboard_url(cluster_name, namespace) + SERVE_APPLICATIONS_ENDPOINT, timeout=10)
+            answer = requests.get(self.backend.dashboard_url(cluster_name, namespace) + SERVE_APPLICATIONS_ENDPOINT, timeout=10)
             answer.raise_for_status()
             return answer.json().get("applications") or {}
         except Exception as exc:  # the dashboard restarts, the proxy has no endpoints yet, RBAC
@@ -548,8 +568,8 @@ class KubeRayBackend(ClusterBackend):
         active, pending = self._cluster_names(service)
         return read_ray_service(
             service,
-            active_cluster=self.get_cluster(active, namespace) if active else None,
-            pending_cluster=self.get_cluster(pending, namespace) if pending else None,
+            active_cluster=self.backend.get_cluster(active, namespace) if active else None,
+            pending_cluster=self.backend.get_cluster(pending, namespace) if pending else None,
             serve_applications=self.serve_applications(active, namespace) if self._needs_serve_record(service) else None,
             version=version,
         )
@@ -558,31 +578,21 @@ class KubeRayBackend(ClusterBackend):
         return self._read_service(self.get_service(name, namespace), version)
 
     async def aservice_status(self, name: str, namespace: str, version: str | None = None) -> ServiceStatus:
-        async with self.async_api_client() as api_client:
-            service = await self._aget(api_client, RAY_SERVICES, name, namespace)
+        async with self.backend.async_api_client() as api_client:
+            service = await self.backend._aget(api_client, RAY_SERVICES, name, namespace)
             return await self._aread_service(api_client, service, version)
-
-    async def _aget(self, api_client: k8s_async.ApiClient, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
-        try:
-            return await api_retry()(k8s_async.CustomObjectsApi(api_client).get_namespaced_custom_object)(
-                GROUP, VERSION, namespace, plural, name
-            )
-        except AsyncApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
 
     async def _aserve_applications(self, api_client: k8s_async.ApiClient, cluster_name: str,
                                    namespace: str) -> dict[str, Any] | None:
         try:
-            if self.settings.dashboard == "proxy":
+            if self.backend.settings.dashboard == "proxy":
                 raw = await api_client.call_api(
-                    self.dashboard_proxy_path(cluster_name, namespace) + SERVE_APPLICATIONS_ENDPOINT, "GET",
+                    self.backend.dashboard_proxy_path(cluster_name, namespace) + SERVE_APPLICATIONS_ENDPOINT, "GET",
                     header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
                     _preload_content=False, _return_http_data_only=True,
                 )
                 return json.loads(await raw.read()).get("applications") or {}
-            url = await asyncio.to_thread(self.dashboard_url, cluster_name, namespace)
+            url = await asyncio.to_thread(self.backend.dashboard_url, cluster_name, namespace)
             async with aiohttp.ClientSession() as session:
                 async with session.get(url + SERVE_APPLICATIONS_ENDPOINT) as answer:
                     answer.raise_for_status()
@@ -599,8 +609,8 @@ class KubeRayBackend(ClusterBackend):
         active, pending = self._cluster_names(service)
         return read_ray_service(
             service,
-            active_cluster=await self._aget(api_client, RAY_CLUSTERS, active, namespace) if active else None,
-            pending_cluster=await self._aget(api_client, RAY_CLUSTERS, pending, namespace) if pending else None,
+            active_cluster=await self.backend._aget(api_client, RAY_CLUSTERS, active, namespace) if active else None,
+            pending_cluster=await self.backend._aget(api_client, RAY_CLUSTERS, pending, namespace) if pending else None,
             serve_applications=(await self._aserve_applications(api_client, active, namespace)
                                 if self._needs_serve_record(service) else None),
             version=version,
@@ -618,7 +628,7 @@ class KubeRayBackend(ClusterBackend):
         async def read(api_client: k8s_async.ApiClient, service: dict[str, Any] | None) -> ServiceStatus:
             return await self._aread_service(api_client, service, version)
 
-        return self._watch(RAY_SERVICES, name, namespace, poll_interval, read)
+        return self.backend._watch(RAY_SERVICES, name, namespace, poll_interval, read)
 
     def diagnose_service(self, name: str, namespace: str, version: str | None = None,
                          waited: float | None = None) -> str:
@@ -631,7 +641,7 @@ class KubeRayBackend(ClusterBackend):
             status,
             waited=waited,
             serve_applications=self.serve_applications(target, namespace) if target else None,
-            cluster_diagnosis=self.diagnose(target, namespace) if target else "",
+            cluster_diagnosis=self.backend.diagnose(target, namespace) if target else "",
             config_problems=service_config_problems(service),
         )
 
@@ -645,8 +655,8 @@ class KubeRayBackend(ClusterBackend):
         return f"/api/v1/namespaces/{namespace}/services/{serve_service_name(name)}:{SERVE_PORT_NAME}/proxy"
 
     def serve_url(self, name: str, namespace: str) -> str:
-        if self.settings.dashboard == "proxy":
-            return self.api_client.configuration.host.rstrip("/") + self.serve_proxy_path(name, namespace)
+        if self.backend.settings.dashboard == "proxy":
+            return self.backend.api_client.configuration.host.rstrip("/") + self.serve_proxy_path(name, namespace)
         return f"http://{serve_service_name(name)}.{namespace}.svc.cluster.local:{SERVE_PORT}"
 
     def serve_request(self, name: str, namespace: str, method: str, path: str,
@@ -656,13 +666,13 @@ class KubeRayBackend(ClusterBackend):
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
-        if self.settings.dashboard != "proxy":
+        if self.backend.settings.dashboard != "proxy":
             import requests
 
             answer = requests.request(method, self.serve_url(name, namespace) + path, json=body, timeout=timeout)
             return answer.status_code, answer.content
         try:
-            raw = self.api_client.call_api(
+            raw = self.backend.api_client.call_api(
                 self.serve_proxy_path(name, namespace) + path, method, header_params=headers, body=body,
                 auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
                 _request_timeout=timeout,

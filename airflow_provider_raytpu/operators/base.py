@@ -112,4 +112,4 @@ class ServiceTaskMixin(ClusterTaskMixin):
 
     @property
     def service_backend(self) -> ServiceBackend:
-        return self.hook.backend
+        return self.hook.backend.services

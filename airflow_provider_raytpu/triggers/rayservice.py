@@ -6,12 +6,15 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 from airflow_provider_raytpu.status import APP_DEPLOYING, ServiceStatus
+
+if TYPE_CHECKING:
+    from airflow_provider_raytpu.backends.base import ServiceBackend
 
 DEPLOYING_TIMEOUT = "DEPLOYING_TIMEOUT"
 
@@ -104,28 +107,28 @@ class RayServiceRunningTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         where = {"service_name": self.service_name, "namespace": self.namespace, "version": self.version}
-        backend = None
         try:
-            backend = await RayTpuHook(self.raytpu_conn_id).abackend()
-            async with asyncio.timeout(max(0.0, self.deadline - time.time())):
-                payload = await self._wait(backend)
-        except TimeoutError:
-            diagnosis = await backend.adiagnose_service(self.service_name, self.namespace, self.version)
-            payload = {"status": "TIMEOUT", "diagnosis": diagnosis}
+            services = (await RayTpuHook(self.raytpu_conn_id).abackend()).services
+            try:
+                async with asyncio.timeout(max(0.0, self.deadline - time.time())):
+                    payload = await self._wait(services)
+            except TimeoutError:
+                diagnosis = await services.adiagnose_service(self.service_name, self.namespace, self.version)
+                payload = {"status": "TIMEOUT", "diagnosis": diagnosis}
         except FatalError as exc:
             payload = {"status": "ERROR", "message": str(exc)}
         # The watch is closed before the event goes out: a consumer that takes only the first
         # event and never resumes this generator (``dag.test()``) leaves nothing open behind.
         yield TriggerEvent({**where, **payload})
 
-    async def _wait(self, backend: Any) -> dict[str, Any]:
+    async def _wait(self, services: ServiceBackend) -> dict[str, Any]:
         """Follow the watch through a queue, so the deploying clock and refreshes tick between events."""
         queue: asyncio.Queue[ServiceStatus | BaseException] = asyncio.Queue()
 
         async def produce() -> None:
             try:
                 async with contextlib.aclosing(
-                    backend.watch_service(self.service_name, self.namespace, self.version, self.poll_interval)
+                    services.watch_service(self.service_name, self.namespace, self.version, self.poll_interval)
                 ) as statuses:
                     async for status in statuses:
                         await queue.put(status)
@@ -147,7 +150,7 @@ class RayServiceRunningTrigger(BaseTrigger):
                 if isinstance(item, BaseException):
                     raise item
                 if item is None and last is not None and last.refresh:
-                    item = await backend.aservice_status(self.service_name, self.namespace, self.version)
+                    item = await services.aservice_status(self.service_name, self.namespace, self.version)
                 status = item or last
                 if status is None:
                     continue
@@ -161,7 +164,7 @@ class RayServiceRunningTrigger(BaseTrigger):
                     return {"status": status.phase.value, "service": status.to_dict()}
                 if overdue := clock.overdue(now):
                     application, waited = overdue
-                    diagnosis = await backend.adiagnose_service(self.service_name, self.namespace, self.version,
+                    diagnosis = await services.adiagnose_service(self.service_name, self.namespace, self.version,
                                                                 waited)
                     return {"status": DEPLOYING_TIMEOUT, "application": application, "waited": waited,
                             "diagnosis": diagnosis}

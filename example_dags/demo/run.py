@@ -87,7 +87,7 @@ def stop_local_ray(env: dict[str, str]) -> None:
     code = (
         "from airflow_provider_raytpu.hooks.raytpu import RayTpuHook\n"
         "backend = RayTpuHook().backend\n"
-        "backend.delete_service('finetuned-regressor', 'default')\n"
+        "backend.services.delete_service('finetuned-regressor', 'default')\n"
         "for cluster in backend.list_clusters(None, ''):\n"
         "    backend.delete_cluster(cluster['metadata']['name'], cluster['metadata']['namespace'])\n"
     )

@@ -153,7 +153,7 @@ def dag(dag_id: str, deploy: str | None = "", sensor: str | None = None) -> str:
 
 def deploy_v1_running(backend: KubeRayBackend, controller: RayServiceController, **kwargs: Any) -> str:
     """A service already serving gs://b/ckpt-1 on RayCluster chat-old01."""
-    backend.apply_service(build_ray_service(name="chat", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4"),
+    backend.services.apply_service(build_ray_service(name="chat", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4"),
                                             applications=[LLM_APP], version="gs://b/ckpt-1", **kwargs))
     cluster = controller.make_cluster("old01")
     controller.serving(cluster)
@@ -282,22 +282,22 @@ def test_backend_conflicts_and_permissions(backend: KubeRayBackend, kube: FakeKu
     foreign["metadata"]["labels"] = {}
     kube.create_object(foreign)
     with pytest.raises(ConflictError, match="not made by this provider"):
-        backend.apply_service(manifest)
+        backend.services.apply_service(manifest)
     kube.delete_object("rayservices", NAMESPACE, "chat", force=True)
-    assert backend.apply_service(manifest).action is Applied.CREATED
+    assert backend.services.apply_service(manifest).action is Applied.CREATED
     # KubeRay wrote the status between our read and our write: the stale PUT is retried.
     kube.inject("PUT", SERVICES + "/chat$", 409)
-    promoted = build_ray_service(name="chat", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4"),
-                                 applications=[LLM_APP], version="v2", current=backend.get_service("chat", NAMESPACE))
-    assert backend.apply_service(promoted).action is Applied.UPDATED
+    promoted = build_ray_service(name="chat", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4"), applications=[LLM_APP],
+                                 version="v2", current=backend.services.get_service("chat", NAMESPACE))
+    assert backend.services.apply_service(promoted).action is Applied.UPDATED
     assert kube.count("PUT", SERVICES + "/chat$") == 2
-    assert backend.apply_service(promoted).action is Applied.ADOPTED
+    assert backend.services.apply_service(promoted).action is Applied.ADOPTED
     kube.deny("create", "rayservices")
     with pytest.raises(PermissionDeniedError, match="may not create rayservices.ray.io in namespace 'ml'"):
-        backend.apply_service(build_ray_service(name="other", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4"),
+        backend.services.apply_service(build_ray_service(name="other", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4"),
                                                 applications=[LLM_APP], version="v1"))
-    assert backend.delete_service("chat", NAMESPACE) is True
-    assert backend.delete_service("chat", NAMESPACE) is False
+    assert backend.services.delete_service("chat", NAMESPACE) is True
+    assert backend.services.delete_service("chat", NAMESPACE) is False
 
 
 def test_delete_operator_succeeds_when_gone(connections: None, kube: FakeKubeApiServer) -> None:
@@ -352,12 +352,12 @@ def test_promotion_succeeds_only_once_the_new_cluster_is_active(
 
     def play() -> None:
         controller.wait_for_version("gs://b/ckpt-2")
-        seen.append(backend.service_status("chat", NAMESPACE, "gs://b/ckpt-2").message)
+        seen.append(backend.services.service_status("chat", NAMESPACE, "gs://b/ckpt-2").message)
         # KubeRay observed the new spec but the OLD cluster still serves: Ready, RUNNING, no pending cluster yet.
         controller.serving(old)
         kube.wait_for(lambda: kube.count("GET", SERVICES + "$", watch=True) >= 1, 30)
         time.sleep(1.5)
-        seen.append(backend.service_status("chat", NAMESPACE, "gs://b/ckpt-2").message)
+        seen.append(backend.services.service_status("chat", NAMESPACE, "gs://b/ckpt-2").message)
         new = controller.make_cluster("new02")
         controller.upgrading(new)
         time.sleep(1)
@@ -407,7 +407,7 @@ def test_deploying_too_long_fails_with_a_diagnosis(
     config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     config["applications"][0]["args"]["llm_configs"][0]["accelerator_config"] = {"kind": "tpu"}
     manifest["spec"]["serveConfigV2"] = yaml.safe_dump(config)
-    backend.apply_service(manifest)
+    backend.services.apply_service(manifest)
     kuberay.set_mode(replica_failure(), cluster="chat-slow1", namespace=NAMESPACE)
     cluster = controller.make_cluster("slow1")
     waiting = ("Deployment 'LLMServer:chat-model' in application 'chat' has 1 replicas that have taken more than "

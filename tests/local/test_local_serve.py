@@ -22,7 +22,7 @@ import requests
 import yaml
 
 from airflow_provider_raytpu.backends.local import LocalBackend
-from airflow_provider_raytpu.backends.local.serve import LocalServeMixin, local_cluster_name
+from airflow_provider_raytpu.backends.local.serve import LocalServices, local_cluster_name
 from airflow_provider_raytpu.backends.settings import ConnectionSettings
 from airflow_provider_raytpu.manifests.options import RayClusterOptions
 from airflow_provider_raytpu.manifests.rayservice import build_ray_service
@@ -50,15 +50,15 @@ INPUTS = {"inputs": [[0.1, 0.2, 0.3, 0.4]]}
 
 
 @pytest.fixture(scope="module")
-def serve_backend(raytpu_home: Path) -> Iterator[LocalServeMixin]:
+def serve_backend(raytpu_home: Path) -> Iterator[LocalServices]:
     """The local backend with RayService support, and ``raytpu_default`` pointing at it; deletes the service after."""
     patch = pytest.MonkeyPatch()
     patch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", json.dumps(
         {"conn_type": "raytpu", "extra": {"backend": "local", "local_home": str(raytpu_home)}}))
     backend = LocalBackend(ConnectionSettings.from_extra("raytpu_default", {
         "backend": "local", "local_home": str(raytpu_home)}))
-    yield backend
-    backend.delete_service(SERVICE, NAMESPACE)
+    yield backend.services
+    backend.services.delete_service(SERVICE, NAMESPACE)
     patch.undo()
 
 
@@ -85,7 +85,7 @@ def dag(dag_id: str, *, apps: list[dict[str, Any]] | None = APPS, sensor: str = 
     return "\n".join(lines) + "\n"
 
 
-def test_deploy_runs_and_the_model_answers(airflow_home: Path, serve_backend: LocalServeMixin) -> None:
+def test_deploy_runs_and_the_model_answers(airflow_home: Path, serve_backend: LocalServices) -> None:
     smoke = f"smoke_request={{'path': '/', 'method': 'POST', 'json': {INPUTS!r}}}"
     outcome = run_dag(airflow_home, dag("serve_v1", sensor=smoke), "serve_v1")
     assert {t: o.state for t, o in outcome.items()} == {"deploy": "success", "wait_running": "success"}
@@ -104,7 +104,7 @@ def test_deploy_runs_and_the_model_answers(airflow_home: Path, serve_backend: Lo
 
 
 def test_promotion_under_load_fails_no_request_and_switches_to_v2(airflow_home: Path,
-                                                                  serve_backend: LocalServeMixin) -> None:
+                                                                  serve_backend: LocalServices) -> None:
     url = serve_backend.serve_url(SERVICE, NAMESPACE)
     answers: list[str] = []
     failures: list[str] = []
@@ -140,7 +140,7 @@ def test_promotion_under_load_fails_no_request_and_switches_to_v2(airflow_home: 
     assert len(answers) > 20
 
 
-def test_an_application_that_raises_at_start_fails_the_sensor_fast(airflow_home: Path, serve_backend: LocalServeMixin,
+def test_an_application_that_raises_at_start_fails_the_sensor_fast(airflow_home: Path, serve_backend: LocalServices,
                                                                     capfd: pytest.CaptureFixture[str]) -> None:
     broken = [{**APPS[0], "args": {"fail_at_start": "no weights found at gs://models/tiny/v3"}}]
     started = time.monotonic()
@@ -156,7 +156,7 @@ def test_an_application_that_raises_at_start_fails_the_sensor_fast(airflow_home:
     assert answer.status_code == 200 and answer.json()["version"] == "v2"
 
 
-def apply_by_hand(backend: LocalServeMixin, version: str, tpu_chips: int) -> None:
+def apply_by_hand(backend: LocalServices, version: str, tpu_chips: int) -> None:
     """Apply a RayService written by hand, past the preflight: a replica asks for ``tpu_chips`` TPU chips."""
     manifest = build_ray_service(name=SERVICE, namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x2"), applications=APPS,
                                  version=version, current=backend.get_service(SERVICE, NAMESPACE),
@@ -168,7 +168,7 @@ def apply_by_hand(backend: LocalServeMixin, version: str, tpu_chips: int) -> Non
 
 
 def test_a_chip_count_ray_rejects_fails_fast_with_rays_message(
-    airflow_home: Path, serve_backend: LocalServeMixin, capfd: pytest.CaptureFixture[str],
+    airflow_home: Path, serve_backend: LocalServices, capfd: pytest.CaptureFixture[str],
 ) -> None:
     apply_by_hand(serve_backend, "v4", 64)
     outcome = run_dag(airflow_home, dag("serve_64", apps=None, sensor="deploying_timeout=60"), "serve_64",
@@ -180,7 +180,7 @@ def test_a_chip_count_ray_rejects_fails_fast_with_rays_message(
 
 
 def test_a_stuck_deployment_fails_at_deploying_timeout_with_a_diagnosis(
-    airflow_home: Path, serve_backend: LocalServeMixin, capfd: pytest.CaptureFixture[str],
+    airflow_home: Path, serve_backend: LocalServices, capfd: pytest.CaptureFixture[str],
 ) -> None:
     # 8 chips is a chip count Ray accepts, but every host here has 4: the replica waits forever.
     apply_by_hand(serve_backend, "v5", 8)
@@ -198,13 +198,13 @@ def test_a_stuck_deployment_fails_at_deploying_timeout_with_a_diagnosis(
             "{'TPU': 8}}: asks for 8 TPU chips per replica, but one host of a v6e 2x2 slice has 4 chips") in log
 
 
-def test_delete_removes_the_service_and_its_cluster(serve_backend: LocalServeMixin) -> None:
+def test_delete_removes_the_service_and_its_cluster(serve_backend: LocalServices) -> None:
     status = serve_backend.service_status(SERVICE, NAMESPACE)
     assert status.phase is ServicePhase.DEPLOYING
     context: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="delete")}
     delete = DeleteRayServiceOperator(task_id="delete", service_name=SERVICE, wait_for_deletion=True)
     assert delete.execute(context)["deleted"] is True
     assert serve_backend.get_service(SERVICE, NAMESPACE) is None
-    assert serve_backend.get_cluster(local_cluster_name(SERVICE), NAMESPACE) is None  # type: ignore[attr-defined]
+    assert serve_backend.backend.get_cluster(local_cluster_name(SERVICE), NAMESPACE) is None
     assert serve_backend.service_status(SERVICE, NAMESPACE).phase is ServicePhase.GONE
     assert delete.execute(context)["deleted"] is False

@@ -42,7 +42,7 @@ from airflow_provider_raytpu.backends.local.process import (
     write_json_atomic,
 )
 from airflow_provider_raytpu.backends.local.selectors import selector_matches
-from airflow_provider_raytpu.backends.local.serve import LocalServeMixin
+from airflow_provider_raytpu.backends.local.serve import LocalServices
 from airflow_provider_raytpu.backends.local.state import (
     CLUSTERS_DIR,
     MANIFEST_FILE,
@@ -64,8 +64,10 @@ from airflow_provider_raytpu.status import ClusterStatus, diagnose_pods, pod_is_
 LOG_TAIL_LINES = 15
 
 
-class LocalBackend(LocalServeMixin, ClusterBackend):
+class LocalBackend(ClusterBackend):
     """RayClusters as local Ray processes with emulated TPU slices.
+
+    Its RayServices (:attr:`services`) are :class:`~airflow_provider_raytpu.backends.local.serve.LocalServices`.
 
     :param settings: the parsed ``raytpu`` connection (backend ``local``); ``local_home``
         and ``local_max_hosts`` apply.
@@ -74,6 +76,7 @@ class LocalBackend(LocalServeMixin, ClusterBackend):
     def __init__(self, settings: ConnectionSettings) -> None:
         super().__init__(settings)
         self.home = local_home(settings)
+        self.services = LocalServices(self)
 
     # -- files --------------------------------------------------------------------------------
 

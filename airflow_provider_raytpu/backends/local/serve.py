@@ -14,7 +14,7 @@ spec's.
 Locally the Serve HTTP proxy runs on the head only (``proxy_location: HeadOnly``: every
 emulated host is on this machine) and listens on a free port chosen once per service.
 
-:class:`LocalServeMixin` uses only the local backend's public methods (``home``,
+:class:`LocalServices` uses only the local backend's public methods (``home``,
 ``apply_cluster``, ``get_cluster``, ``delete_cluster``, ``cluster_status``,
 ``diagnose``, ``dashboard_url``).
 """
@@ -30,7 +30,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.backends.base import (
     Applied,
@@ -48,6 +48,9 @@ from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.manifests.rayservice import ray_cluster_of
 from airflow_provider_raytpu.manifests.serveconfig import parse_serve_config
 from airflow_provider_raytpu.status import Phase, ServiceStatus, diagnose_ray_service, read_ray_service
+
+if TYPE_CHECKING:
+    from airflow_provider_raytpu.backends.local.backend import LocalBackend
 
 log = logging.getLogger(__name__)
 
@@ -72,16 +75,20 @@ def _http(method: str, url: str, body: Any = None, timeout: float = 30.0) -> tup
     return answer.status_code, answer.content
 
 
-class LocalServeMixin(ServiceBackend):
-    """RayServices on the local backend (mix into :class:`~airflow_provider_raytpu.backends.local.LocalBackend`)."""
+class LocalServices(ServiceBackend):
+    """RayServices on the local backend, each on a local RayCluster of :class:`LocalBackend`.
 
-    home: Path
+    :param backend: the local backend that runs the services' clusters.
+    """
+
+    def __init__(self, backend: LocalBackend) -> None:
+        self.backend = backend
 
     # -- files --------------------------------------------------------------------------------
 
     def service_dir(self, name: str, namespace: str) -> Path:
         """Where the RayService is recorded (whether or not it exists)."""
-        return service_dir(self.home, name, namespace)
+        return service_dir(self.backend.home, name, namespace)
 
     @contextlib.contextmanager
     def _service_lock(self, name: str, namespace: str) -> Iterator[None]:
@@ -116,7 +123,7 @@ class LocalServeMixin(ServiceBackend):
                 write_json_atomic(path / SERVE_STATE_FILE, {**state, "serve_port": free_port()})
             cluster = ray_cluster_of(stored, local_cluster_name(name))
             # A changed rayClusterConfig (image, resources, slice) restarts the local cluster.
-            self.apply_cluster(cluster, update_if_exists=True)  # type: ignore[attr-defined]
+            self.backend.apply_cluster(cluster, update_if_exists=True)
         self._wait_for_head(name, namespace)
         self._reconcile(name, namespace)
         return ApplyResult(action, self.get_service(name, namespace) or stored)
@@ -130,7 +137,7 @@ class LocalServeMixin(ServiceBackend):
         deadline = time.monotonic() + timeout
         cluster = local_cluster_name(name)
         while time.monotonic() < deadline:
-            status = self.cluster_status(cluster, namespace)  # type: ignore[attr-defined]
+            status = self.backend.cluster_status(cluster, namespace)
             if status.head_ready or status.phase in (Phase.FAILED, Phase.GONE):
                 return
             time.sleep(0.5)
@@ -140,7 +147,7 @@ class LocalServeMixin(ServiceBackend):
     def delete_service(self, name: str, namespace: str) -> bool:
         with self._service_lock(name, namespace):
             stored = self._stored(name, namespace)
-            cluster_gone = not self.delete_cluster(local_cluster_name(name), namespace)  # type: ignore[attr-defined]
+            cluster_gone = not self.backend.delete_cluster(local_cluster_name(name), namespace)
             shutil.rmtree(self.service_dir(name, namespace), ignore_errors=True)
         return stored is not None or not cluster_gone
 
@@ -148,10 +155,10 @@ class LocalServeMixin(ServiceBackend):
 
     def _dashboard(self, name: str, namespace: str) -> str | None:
         cluster = local_cluster_name(name)
-        if not self.cluster_status(cluster, namespace).head_ready:  # type: ignore[attr-defined]
+        if not self.backend.cluster_status(cluster, namespace).head_ready:
             return None
         try:
-            return self.dashboard_url(cluster, namespace)  # type: ignore[attr-defined]
+            return self.backend.dashboard_url(cluster, namespace)
         except FatalError:
             return None
 
@@ -246,7 +253,7 @@ class LocalServeMixin(ServiceBackend):
         service = copy.deepcopy(stored)
         state = self._serve_state(name, namespace)
         cluster_name = local_cluster_name(name)
-        cluster = self.get_cluster(cluster_name, namespace)  # type: ignore[attr-defined]
+        cluster = self.backend.get_cluster(cluster_name, namespace)
         details = self.serve_details(name, namespace) if cluster is not None else None
         applications = (details or {}).get("applications") or {}
         statuses = {
@@ -288,7 +295,7 @@ class LocalServeMixin(ServiceBackend):
         service, active, applications = self._synthesise(name, namespace)
         if service is not None and active is None:
             status = read_ray_service(service, version=version)
-            cluster = self.cluster_status(local_cluster_name(name), namespace)  # type: ignore[attr-defined]
+            cluster = self.backend.cluster_status(local_cluster_name(name), namespace)
             return ServiceStatus(**{**status.__dict__, "message": f"local RayCluster: {cluster.message}"})
         return read_ray_service(service, active_cluster=active, serve_applications=applications, version=version)
 
@@ -322,7 +329,7 @@ class LocalServeMixin(ServiceBackend):
             status,
             waited=waited,
             serve_applications=applications,
-            cluster_diagnosis=self.diagnose(local_cluster_name(name), namespace),  # type: ignore[attr-defined]
+            cluster_diagnosis=self.backend.diagnose(local_cluster_name(name), namespace),
             config_problems=service_config_problems(service),
         )
 
