@@ -4,7 +4,7 @@
 while, side by side in the same window against the same fake API server (tests/fakekube, real HTTP):
 
 - ours: one ``RayClusterReadyTrigger`` per cluster (list once, then watch; the watch is re-opened
-  every ``kuberay.WATCH_SECONDS``, resuming from the last resourceVersion);
+  every ``kuberay.watch.WATCH_SECONDS``, resuming from the last resourceVersion);
 - polling: one poll loop per cluster, each poll reading exactly what a poke reads
   (``backend.cluster_status``: GET the RayCluster + list its pods, through the same client).
 
@@ -14,7 +14,7 @@ pods after the initial list and after every watch event, so those lists are coun
 each poll is counted as the GET plus the pods list it makes.
 
 Scaling (stated in the JSON): by default ``WATCH_SECONDS`` is shortened from 240 s to 5 s by
-monkeypatching ``airflow_provider_raytpu.backends.kuberay.WATCH_SECONDS`` and the window is 60 s, so a
+monkeypatching ``airflow_provider_raytpu.backends.kuberay.watch.WATCH_SECONDS`` and the window is 60 s, so a
 trigger re-opens its watch ~12 times; per hour at the real 240 s = startup requests (list + pods list)
 + watch requests per watch period x 3600 / 240. Polls are measured at a short interval (1 s) to count
 requests per poll; per hour at interval I = 3600 / I x requests per poll. Run with
@@ -79,13 +79,13 @@ async def run_trigger(name: str, deadline: float, events: list) -> None:
 
 
 async def poll_loop(backend: Any, name: str, interval: float, stop_at: float, polls: collections.Counter) -> None:
-    from airflow_provider_raytpu.backends.kuberay import RAY_CLUSTERS
+    from airflow_provider_raytpu.backends.kuberay.diagnosis import acluster_status
 
-    async with backend.async_api_client() as api:
+    async with backend.clients.async_api_client() as api:
         next_poll = time.monotonic()
         while time.monotonic() < stop_at:
-            cluster = await backend._aget(api, RAY_CLUSTERS, name, NS)
-            status = await backend._aread(api, name, NS, cluster)
+            cluster = await backend.objects.aget(api, name, NS)
+            status = await acluster_status(api, cluster)
             polls[name] += 1
             if status.finished:
                 return
@@ -94,15 +94,15 @@ async def poll_loop(backend: Any, name: str, interval: float, stop_at: float, po
 
 
 async def main_async(args: argparse.Namespace) -> _common.Result:
-    import airflow_provider_raytpu.backends.kuberay as kuberay
+    import airflow_provider_raytpu.backends.kuberay.watch as kuberay_watch
     from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 
     scaled = args.watch_seconds != REAL_WATCH_SECONDS
-    kuberay.WATCH_SECONDS = args.watch_seconds
+    kuberay_watch.WATCH_SECONDS = args.watch_seconds
     result = _common.Result("api_load", {
         "clusters": args.clusters, "window_s": args.window, "watch_seconds_used": args.watch_seconds,
         "watch_seconds_real": REAL_WATCH_SECONDS, "scaled": scaled,
-        "scaling": (f"kuberay.WATCH_SECONDS monkeypatched {REAL_WATCH_SECONDS} -> {args.watch_seconds} s; "
+        "scaling": (f"kuberay.watch.WATCH_SECONDS monkeypatched {REAL_WATCH_SECONDS} -> {args.watch_seconds} s; "
                     f"per hour = startup + watch-period requests x 3600/{REAL_WATCH_SECONDS}") if scaled
         else "none: the real WATCH_SECONDS",
         "poll_interval_measured_s": args.poll_interval,

@@ -172,16 +172,16 @@ async def ours_service(server: Any, reactor: Any, backend: Any, clock: ChangeClo
 
 async def poll_cluster_once(backend: Any, api: Any, name: str) -> Any:
     """One poll: GET the RayCluster, list its pods, interpret it (what a poke does)."""
-    from airflow_provider_raytpu.backends.kuberay import RAY_CLUSTERS
+    from airflow_provider_raytpu.backends.kuberay.diagnosis import acluster_status
 
-    cluster = await backend._aget(api, RAY_CLUSTERS, name, NS)
-    return await backend._aread(api, name, NS, cluster)
+    cluster = await backend.objects.aget(api, name, NS)
+    return await acluster_status(api, cluster)
 
 
 async def poll_until_ready(backend: Any, name: str, interval: float, start_at: float) -> tuple[float, list[float]]:
     """Poll every ``interval`` s from ``start_at`` (monotonic) until READY; returns (fired, read latencies)."""
     latencies = []
-    async with backend.async_api_client() as api:
+    async with backend.clients.async_api_client() as api:
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         next_poll = time.monotonic()
         while True:
@@ -227,11 +227,11 @@ async def service_poll_latency(server: Any, reactor: Any, backend: Any, reads: i
     play = ServicePlay(server, reactor, backend, "svc-poll")
     await asyncio.to_thread(play.deploy_initializing)
     latencies = []
-    async with backend.async_api_client() as api:
+    async with backend.clients.async_api_client() as api:
         for _ in range(reads):
             t0 = time.monotonic()
-            service = await backend._aget(api, "rayservices", play.name, NS)
-            await backend._aread_service(api, service, None)
+            service = await backend.services.objects.aget(api, play.name, NS)
+            await backend.services._aread(api, service, None)
             latencies.append(time.monotonic() - t0)
             await asyncio.sleep(0.01)
     await asyncio.to_thread(play.delete)

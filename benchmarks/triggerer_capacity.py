@@ -147,18 +147,18 @@ class PollingRayClusterTrigger:
         self.shared_client = shared_client
 
     async def read(self, api: Any) -> Any:
-        from airflow_provider_raytpu.backends.kuberay import RAY_CLUSTERS
+        from airflow_provider_raytpu.backends.kuberay.diagnosis import acluster_status
 
-        cluster = await self.backend._aget(api, RAY_CLUSTERS, self.name, NS)
-        return await self.backend._aread(api, self.name, NS, cluster)
+        cluster = await self.backend.objects.aget(api, self.name, NS)
+        return await acluster_status(api, cluster)
 
     async def read_fresh(self) -> Any:
-        async with self.backend.async_api_client() as api:
+        async with self.backend.clients.async_api_client() as api:
             return await self.read(api)
 
     async def run(self) -> Any:
         if self.shared_client:
-            async with self.backend.async_api_client() as api:
+            async with self.backend.clients.async_api_client() as api:
                 return await self._run(lambda: self.read(api))
         return await self._run(self.read_fresh)
 
@@ -469,7 +469,7 @@ def main() -> None:
     parser.add_argument("--poll-interval", type=float, default=10.0, help="the polling trigger's interval")
     parser.add_argument("--delay", type=float, default=0.05, help="reactor: seconds until the template's pods are ready")
     parser.add_argument("--watch-seconds", type=float, default=240.0,
-                        help="the re-watch period used to derive steady CPU with re-watches (kuberay.WATCH_SECONDS)")
+                        help="the re-watch period used to derive steady CPU with re-watches (kuberay.watch.WATCH_SECONDS)")
     parser.add_argument("--establish-timeout", type=float, default=300.0)
     parser.add_argument("--fire-timeout", type=float, default=300.0)
     args = parser.parse_args()

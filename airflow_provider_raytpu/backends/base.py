@@ -9,6 +9,7 @@ from enum import Enum
 from typing import Any
 
 from airflow_provider_raytpu.backends.settings import ConnectionSettings
+from airflow_provider_raytpu.backends.transport import HttpTransport
 from airflow_provider_raytpu.errors import ConflictError
 from airflow_provider_raytpu.manifests.raycluster import (
     DAG_ID_KEY,
@@ -157,13 +158,8 @@ class ServiceBackend(abc.ABC):
         """:meth:`diagnose_service` without blocking the event loop."""
 
     @abc.abstractmethod
-    def serve_url(self, name: str, namespace: str) -> str:
-        """The base URL of the service's Serve HTTP proxy, as this backend reaches it (no credentials in it)."""
-
-    @abc.abstractmethod
-    def serve_request(self, name: str, namespace: str, method: str, path: str,
-                      body: Any = None, timeout: float = 30.0) -> tuple[int, bytes]:
-        """Send one HTTP request to the service's Serve proxy; the status code and the body."""
+    def serve_endpoint(self, name: str, namespace: str) -> HttpTransport:
+        """The service's Serve HTTP proxy, as this backend reaches it."""
 
 
 class ClusterBackend(abc.ABC):
@@ -212,8 +208,8 @@ class ClusterBackend(abc.ABC):
         """Why the cluster is not ready: which hosts are missing and what holds them."""
 
     @abc.abstractmethod
-    def dashboard_url(self, name: str, namespace: str) -> str:
-        """The Ray dashboard's base URL, as this backend reaches it (no credentials in it)."""
+    def dashboard(self, name: str, namespace: str) -> HttpTransport:
+        """The cluster's Ray dashboard (Jobs and Serve REST APIs), as this backend reaches it."""
 
     @abc.abstractmethod
     def watch_cluster(self, name: str, namespace: str) -> AsyncIterator[ClusterStatus]:

@@ -1,10 +1,11 @@
 """The Ray Jobs REST API of a cluster's dashboard, wherever the dashboard is.
 
-Sync calls use Ray's own ``JobSubmissionClient`` (it also uploads ``py_modules`` and
-``working_dir`` packages). On Kubernetes the dashboard is reached, by default,
-through the API server's service proxy: every request then goes through the
-Kubernetes client's own authenticated transport, so tokens, exec plugins, client
-certificates and refreshed GKE tokens all work and no credential is copied anywhere.
+Every request goes through the transport the connection's backend gives for the
+cluster's dashboard (:meth:`~airflow_provider_raytpu.backends.base.ClusterBackend.dashboard`;
+on Kubernetes by default the API server's service proxy with the Kubernetes client's own
+authentication), so this hook does not know which backend it talks to. Sync calls use
+Ray's own ``JobSubmissionClient`` (it also uploads ``py_modules`` and ``working_dir``
+packages) on that transport; the triggers' async calls use the transport directly.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from ray.job_submission import JobDetails, JobSubmissionClient
 
     from airflow_provider_raytpu.backends.base import ClusterBackend
+    from airflow_provider_raytpu.backends.transport import HttpTransport
 
 METADATA_PREFIX = "raytpu."
 ACTIVE = frozenset({"PENDING", "RUNNING"})
@@ -69,43 +71,8 @@ class JobIdentity:
         }
 
 
-def _job_client_class() -> type[JobSubmissionClient]:
-    from ray.job_submission import JobSubmissionClient
-
-    return JobSubmissionClient
-
-
-def proxied_job_client(api_client: Any, base_path: str) -> JobSubmissionClient:
-    """A ``JobSubmissionClient`` whose requests go through a Kubernetes ``ApiClient``.
-
-    :param api_client: an authenticated ``kubernetes.client.ApiClient``.
-    :param base_path: the service-proxy path of the dashboard on the API server.
-    """
-    import requests
-    from kubernetes.client.rest import ApiException
-
-    class ProxiedJobSubmissionClient(_job_client_class()):  # type: ignore[misc]
-        def _do_request(self, method: str, endpoint: str, *, data: bytes | None = None,
-                        json_data: dict | None = None, **kwargs: Any) -> requests.Response:
-            headers = {"Accept": "application/json"}
-            if data is not None:
-                headers["Content-Type"] = "application/octet-stream"
-            answer = requests.Response()
-            try:
-                raw = api_client.call_api(
-                    base_path + endpoint, method, header_params=headers,
-                    body=data if data is not None else json_data, auth_settings=["BearerToken"],
-                    _preload_content=False, _return_http_data_only=True,
-                )
-                answer.status_code, answer._content = raw.status, raw.data
-            except ApiException as exc:
-                body = exc.body if isinstance(exc.body, bytes) else (exc.body or "").encode()
-                answer.status_code, answer._content = exc.status, body
-            answer.url = base_path + endpoint
-            return answer
-
-    host = api_client.configuration.host.rstrip("/")
-    return ProxiedJobSubmissionClient(address=host + base_path)
+class DashboardError(Exception):
+    """The Ray dashboard answered a Jobs API request with an error status."""
 
 
 class RayJobsHook(BaseHook):
@@ -136,25 +103,22 @@ class RayJobsHook(BaseHook):
         return self._namespace or self.cluster_hook.settings.namespace
 
     @cached_property
-    def dashboard_url(self) -> str:
-        return self.backend.dashboard_url(self.cluster_name, self.namespace)
+    def dashboard(self) -> HttpTransport:
+        """The cluster's dashboard, as the connection's backend reaches it."""
+        return self.backend.dashboard(self.cluster_name, self.namespace)
 
     @property
-    def uses_api_server_proxy(self) -> bool:
-        return self.cluster_hook.settings.backend != "local" and self.cluster_hook.settings.dashboard == "proxy"
+    def dashboard_url(self) -> str:
+        return self.dashboard.url
 
     @property
     def browser_url(self) -> str | None:
         """The dashboard as a browser can open it, or ``None`` behind the API server proxy."""
-        return None if self.uses_api_server_proxy else self.dashboard_url
+        return self.dashboard.browser_url
 
     @cached_property
     def client(self) -> JobSubmissionClient:
-        if self.uses_api_server_proxy:
-            backend = self.backend
-            path = backend.dashboard_proxy_path(self.cluster_name, self.namespace)  # type: ignore[attr-defined]
-            return proxied_job_client(backend.api_client, path)  # type: ignore[attr-defined]
-        return _job_client_class()(address=self.dashboard_url)
+        return self.dashboard.job_client()
 
     def get_conn(self) -> JobSubmissionClient:
         return self.client
@@ -212,21 +176,13 @@ class RayJobsHook(BaseHook):
     async def _arequest(self, method: str, endpoint: str) -> Any:
         backend = await self._abackend()
         namespace = self._namespace or backend.settings.namespace
-        if backend.settings.backend != "local" and backend.settings.dashboard == "proxy":
-            path = backend.dashboard_proxy_path(self.cluster_name, namespace) + endpoint  # type: ignore[attr-defined]
-            async with backend.async_api_client() as api_client:  # type: ignore[attr-defined]
-                raw = await api_client.call_api(
-                    path, method, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-                    _preload_content=False, _return_http_data_only=True,
-                )
-                return json.loads(await raw.read())
-        import aiohttp
-
-        base = await asyncio.to_thread(backend.dashboard_url, self.cluster_name, namespace)
-        async with aiohttp.ClientSession() as session:
-            async with session.request(method, base + endpoint) as answer:
-                answer.raise_for_status()
-                return await answer.json(content_type=None)
+        # Read each time: a local cluster whose head failed to start moves to fresh ports.
+        dashboard = await asyncio.to_thread(backend.dashboard, self.cluster_name, namespace)
+        answer = await dashboard.arequest(method, endpoint, headers={"Accept": "application/json"})
+        if not answer.ok:
+            raise DashboardError(f"{method} {endpoint} on the dashboard of RayCluster {namespace}/{self.cluster_name} "
+                                 f"answered {answer.status}: {answer.text(500)}")
+        return answer.json()
 
     async def astatus(self, submission_id: str) -> tuple[str, str]:
         info = await self._arequest("GET", f"/api/jobs/{submission_id}")

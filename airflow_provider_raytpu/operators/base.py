@@ -97,7 +97,7 @@ class ClusterTaskMixin:
             "namespace": namespace,
             "conn_id": self.raytpu_conn_id,
             "tpu": tpu,
-            "dashboard_url": self.backend.dashboard_url(name, namespace),
+            "dashboard_url": self.backend.dashboard(name, namespace).url,
         }
 
 

@@ -187,7 +187,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
                 "rolling back to" if rollback else "deploying", version, previous, tpu.describe(),
             )
             result = backend.apply_service(manifest)
-            serve_url = backend.serve_url(name, namespace)
+            serve_url = backend.serve_endpoint(name, namespace).url
         how = manifest["metadata"]["annotations"][UPDATE_ANNOTATION]
         self.log.info("RayService %s/%s %s (%s)", namespace, name, result.action.value,
                       "nothing changed" if result.action.value == "adopted" else f"update: {how}")

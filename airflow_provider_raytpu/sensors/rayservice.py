@@ -134,10 +134,11 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
     def _smoke(self, smoke: dict[str, Any], name: str, namespace: str) -> dict[str, Any]:
         """Send the smoke request until it answers 2xx or ``smoke_timeout`` passes (routes take a moment)."""
         deadline = time.monotonic() + self.smoke_timeout
-        backend = self.service_backend
+        endpoint = self.service_backend.serve_endpoint(name, namespace)
         while True:
             try:
-                code, body = backend.serve_request(name, namespace, smoke["method"], smoke["path"], smoke["json"])
+                answer = endpoint.request(smoke["method"], smoke["path"], json=smoke["json"])
+                code, body = answer.status, answer.body
             except OSError as exc:
                 code, body = 0, str(exc).encode()
             if 200 <= code < 300:

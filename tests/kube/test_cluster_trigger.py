@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_raytpu.backends import kuberay as kuberay_backend
+from airflow_provider_raytpu.backends.kuberay import watch as kuberay_watch
 from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.tpu import TpuSlice
@@ -97,7 +97,7 @@ async def test_polls_when_watching_keeps_failing(backend: KubeRayBackend, kube: 
 
 async def test_watches_again_after_a_spell_of_polling(backend: KubeRayBackend, kube: FakeKubeApiServer,
                                                      kuberay: KubeRayReactor, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kuberay_backend, "POLL_BEFORE_WATCHING_AGAIN_SECONDS", 1.0)
+    monkeypatch.setattr(kuberay_watch, "POLL_BEFORE_WATCHING_AGAIN_SECONDS", 1.0)
     kube.inject("GET", r"/rayclusters$", 500, times=3, watch=True)
     kuberay.set_mode("hold")
     create(backend)

@@ -43,7 +43,7 @@ def test_lifecycle_through_gke_hooks(gke: tuple[FakeKubeApiServer, GoogleStub]) 
     assert isinstance(backend, KubeRayBackend)
     backend.apply_cluster(manifest())
     assert google.cluster_reads == ["/v1/projects/tpu-project/locations/us-east5/clusters/tpu-cluster"]
-    assert backend.dashboard_url("train", "ml").startswith(f"https://127.0.0.1:{kube.port}/api/v1/namespaces/ml/")
+    assert backend.dashboard("train", "ml").url.startswith(f"https://127.0.0.1:{kube.port}/api/v1/namespaces/ml/")
     kube.wait_for(lambda: (kube.get_object("rayclusters", "ml", "train").get("status") or {}).get("state") == "ready")
     assert backend.cluster_status("train", "ml").phase is Phase.READY
     assert backend.delete_cluster("train", "ml")

@@ -95,17 +95,17 @@ def test_list_by_label(backend: KubeRayBackend, kube: FakeKubeApiServer) -> None
 
 
 def test_dashboard_urls(backend: KubeRayBackend, kube: FakeKubeApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert backend.dashboard_url("train", "ml") == (
+    assert backend.dashboard("train", "ml").url == (
         f"{kube.url}/api/v1/namespaces/ml/services/train-head-svc:dashboard/proxy"
     )
     from tests.kube.conftest import raytpu_connection
 
     monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(dashboard="dns"))
-    assert RayTpuHook().backend.dashboard_url("train", "ml") == "http://train-head-svc.ml.svc.cluster.local:8265"
+    assert RayTpuHook().backend.dashboard("train", "ml").url == "http://train-head-svc.ml.svc.cluster.local:8265"
     monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT",
                        raytpu_connection(dashboard="url", dashboard_url="https://ray.example.com/{namespace}/{cluster_name}"))
-    assert RayTpuHook().backend.dashboard_url("train", "ml") == "https://ray.example.com/ml/train"
-    assert kube.token not in backend.dashboard_url("train", "ml")
+    assert RayTpuHook().backend.dashboard("train", "ml").url == "https://ray.example.com/ml/train"
+    assert kube.token not in backend.dashboard("train", "ml").url
 
 
 def test_test_connection(connections: None, kube: FakeKubeApiServer) -> None:

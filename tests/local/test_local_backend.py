@@ -113,7 +113,7 @@ async def test_apply_reaches_ready_with_tpu_hosts_in_the_gcs(
     # The dashboard serves the Jobs and Serve REST APIs that later tasks use.
     import urllib.request
 
-    url = local_backend.dashboard_url(emulated_cluster.name, emulated_cluster.namespace)
+    url = local_backend.dashboard(emulated_cluster.name, emulated_cluster.namespace).url
     assert url.startswith("http://127.0.0.1:")
     for path in ("/api/jobs/", "/api/serve/applications/"):
         with urllib.request.urlopen(url + path, timeout=10) as answer:
@@ -160,7 +160,7 @@ def test_slice_placement_group_reserves_the_emulated_slice(
 
     script = tmp_path / "reserve_slice.py"
     script.write_text(JOB_SCRIPT)
-    client = JobSubmissionClient(local_backend.dashboard_url(emulated_cluster.name, emulated_cluster.namespace))
+    client = JobSubmissionClient(local_backend.dashboard(emulated_cluster.name, emulated_cluster.namespace).url)
     job_id = client.submit_job(entrypoint=f"{sys.executable} {script}")
     deadline = time.monotonic() + 240
     while (status := client.get_job_status(job_id)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:

@@ -105,7 +105,7 @@ def test_deploy_runs_and_the_model_answers(airflow_home: Path, serve_backend: Lo
 
 def test_promotion_under_load_fails_no_request_and_switches_to_v2(airflow_home: Path,
                                                                   serve_backend: LocalServices) -> None:
-    url = serve_backend.serve_url(SERVICE, NAMESPACE)
+    url = serve_backend.serve_endpoint(SERVICE, NAMESPACE).url
     answers: list[str] = []
     failures: list[str] = []
     stop = threading.Event()
@@ -152,7 +152,7 @@ def test_an_application_that_raises_at_start_fails_the_sensor_fast(airflow_home:
     assert "RayService default/tiny FAILED: application 'tiny' is DEPLOY_FAILED on RayCluster tiny-local" in log
     assert "RuntimeError: no weights found at gs://models/tiny/v3" in log
     # The previous version keeps answering while the new one cannot start.
-    answer = requests.post(serve_backend.serve_url(SERVICE, NAMESPACE) + "/", json=INPUTS, timeout=30)
+    answer = requests.post(serve_backend.serve_endpoint(SERVICE, NAMESPACE).url + "/", json=INPUTS, timeout=30)
     assert answer.status_code == 200 and answer.json()["version"] == "v2"
 
 

@@ -45,7 +45,7 @@ def cluster(local_backend: LocalBackend, emulated_cluster: EmulatedCluster, rayt
 
 @pytest.fixture(scope="module")
 def jobs(local_backend: LocalBackend, cluster: EmulatedCluster) -> JobSubmissionClient:
-    return JobSubmissionClient(local_backend.dashboard_url(cluster.name, cluster.namespace))
+    return JobSubmissionClient(local_backend.dashboard(cluster.name, cluster.namespace).url)
 
 
 def task_jobs(jobs: JobSubmissionClient, dag_id: str) -> list:
@@ -161,7 +161,7 @@ def test_jobs_through_the_api_server_service_proxy(airflow_home: Path, cluster: 
         kube.create_object({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "emu-head-svc", "namespace": "ml"},
                             "spec": {"ports": [{"name": "dashboard", "port": 8265}]}})
         kube.register_service_proxy("ml", "emu-head-svc", "dashboard",
-                                    local_backend.dashboard_url(cluster.name, cluster.namespace))
+                                    local_backend.dashboard(cluster.name, cluster.namespace).url)
         monkeypatch.setenv("AIRFLOW_CONN_KUBE_PROXY", kube.airflow_connection("ml"))
         monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_K8S", json.dumps(
             {"conn_type": "raytpu", "extra": {"backend": "kubernetes", "kubernetes_conn_id": "kube_proxy",

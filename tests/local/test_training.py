@@ -130,7 +130,7 @@ def run_with_fault(airflow_home: Path, dag_id: str, raw: str, fake_gcs: GcsStora
 def test_dead_job_is_resubmitted_by_the_retry_and_resumes(airflow_home: Path, emulated_cluster: EmulatedCluster,
                                                           local_backend: LocalBackend, raw_data: str,
                                                           fake_gcs: GcsStorage, reference: dict) -> None:
-    jobs = JobSubmissionClient(local_backend.dashboard_url("train", "default"))
+    jobs = JobSubmissionClient(local_backend.dashboard("train", "default").url)
 
     def stop_training_job() -> None:
         (job,) = [j for j in jobs.list_jobs() if (j.metadata or {}).get("raytpu.dag_id") == "job_dies"

@@ -58,6 +58,7 @@ from airflow_provider_raytpu.backends.local.state import (
 )
 from airflow_provider_raytpu.backends.local.status import synthesise_status
 from airflow_provider_raytpu.backends.settings import ConnectionSettings
+from airflow_provider_raytpu.backends.transport import DirectTransport, HttpTransport
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.status import ClusterStatus, diagnose_pods, pod_is_ready, read_ray_cluster
 
@@ -249,8 +250,9 @@ class LocalBackend(ClusterBackend):
                 shown += 1
         return "\n".join(lines)
 
-    def dashboard_url(self, name: str, namespace: str) -> str:
-        return self._require_state(name, namespace)["dashboard_url"]
+    def dashboard(self, name: str, namespace: str) -> HttpTransport:
+        """The head's dashboard, ``http://127.0.0.1:<port>``."""
+        return DirectTransport(self._require_state(name, namespace)["dashboard_url"])
 
     # -- async --------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ emulated host is on this machine) and listens on a free port chosen once per ser
 
 :class:`LocalServices` uses only the local backend's public methods (``home``,
 ``apply_cluster``, ``get_cluster``, ``delete_cluster``, ``cluster_status``,
-``diagnose``, ``dashboard_url``).
+``diagnose``, ``dashboard``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import json
 import logging
 import shutil
 import time
@@ -44,6 +43,8 @@ from airflow_provider_raytpu.backends.base import (
 )
 from airflow_provider_raytpu.backends.local.process import file_lock, free_port, read_json, write_json_atomic
 from airflow_provider_raytpu.backends.local.state import service_dir, stored_form
+from airflow_provider_raytpu.backends.serve_api import SERVE_APPLICATIONS_ENDPOINT, serve_details
+from airflow_provider_raytpu.backends.transport import DirectTransport, HttpTransport
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.manifests.rayservice import ray_cluster_of
 from airflow_provider_raytpu.manifests.serveconfig import parse_serve_config
@@ -60,19 +61,11 @@ CLUSTER_SUFFIX = "-local"
 HEAD_WAIT_SECONDS = 180.0
 SERVE_POLL_SECONDS = 1.0
 PICKUP_SECONDS = 5.0
-SERVE_APPLICATIONS_ENDPOINT = "/api/serve/applications/"
 
 
 def local_cluster_name(service_name: str) -> str:
     """The local RayCluster that runs a RayService (KubeRay's are ``<name>-<random>``; here one, stable)."""
     return f"{service_name}{CLUSTER_SUFFIX}"
-
-
-def _http(method: str, url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, bytes]:
-    import requests
-
-    answer = requests.request(method, url, json=body, timeout=timeout)
-    return answer.status_code, answer.content
 
 
 class LocalServices(ServiceBackend):
@@ -153,12 +146,12 @@ class LocalServices(ServiceBackend):
 
     # -- Serve --------------------------------------------------------------------------------
 
-    def _dashboard(self, name: str, namespace: str) -> str | None:
+    def _dashboard(self, name: str, namespace: str) -> HttpTransport | None:
         cluster = local_cluster_name(name)
         if not self.backend.cluster_status(cluster, namespace).head_ready:
             return None
         try:
-            return self.backend.dashboard_url(cluster, namespace)
+            return self.backend.dashboard(cluster, namespace)
         except FatalError:
             return None
 
@@ -167,15 +160,7 @@ class LocalServices(ServiceBackend):
         dashboard = self._dashboard(name, namespace)
         if dashboard is None:
             return None
-        try:
-            code, body = _http("GET", dashboard + SERVE_APPLICATIONS_ENDPOINT, timeout=10)
-        except OSError as exc:
-            log.debug("Serve on %s/%s unreachable: %s", namespace, name, exc)
-            return None
-        if code != 200:
-            log.debug("Serve on %s/%s answered %s: %s", namespace, name, code, body[:200])
-            return None
-        return json.loads(body)
+        return serve_details(dashboard, f"local RayService {namespace}/{name}")
 
     def _submit_config(self, stored: dict[str, Any], serve_port: int) -> dict[str, Any]:
         """The Serve config KubeRay would PUT, with a local HTTP proxy on the head only."""
@@ -204,16 +189,16 @@ class LocalServices(ServiceBackend):
             config = self._submit_config(stored, int(state["serve_port"]))
             before = self._app_states(name, namespace)
             try:
-                code, body = _http("PUT", dashboard + SERVE_APPLICATIONS_ENDPOINT, config, timeout=60)
+                answer = dashboard.request("PUT", SERVE_APPLICATIONS_ENDPOINT, json=config, timeout=60)
             except OSError as exc:  # the dashboard restarts: the next status read submits again
                 log.warning("Could not submit the Serve config of local RayService %s/%s: %s", namespace, name, exc)
                 return
-            if code == 200:
+            if answer.status == 200:
                 self._await_pickup(name, namespace, [a.get("name") for a in config.get("applications") or []], before)
-            if code != 200:
+            if answer.status != 200:
                 # Serve refused the config (e.g. an invalid field): record it as a failed deploy.
-                state["submit_error"] = body.decode(errors="replace")[-2000:]
-                log.warning("Serve refused the config of local RayService %s/%s (%s): %s", namespace, name, code,
+                state["submit_error"] = answer.text(2000)
+                log.warning("Serve refused the config of local RayService %s/%s (%s): %s", namespace, name, answer.status,
                             state["submit_error"])
             else:
                 state.pop("submit_error", None)
@@ -339,14 +324,9 @@ class LocalServices(ServiceBackend):
 
     # -- HTTP ---------------------------------------------------------------------------------
 
-    def serve_url(self, name: str, namespace: str) -> str:
+    def serve_endpoint(self, name: str, namespace: str) -> HttpTransport:
+        """The Serve HTTP proxy on the service's head, ``http://127.0.0.1:<port>``."""
         state = self._serve_state(name, namespace)
         if "serve_port" not in state:
             raise FatalError(f"RayService {name!r} does not exist in namespace {namespace!r} on the local backend")
-        return f"http://127.0.0.1:{state['serve_port']}"
-
-    def serve_request(self, name: str, namespace: str, method: str, path: str,
-                      body: Any = None, timeout: float = 30.0) -> tuple[int, bytes]:
-        return _http(method, self.serve_url(name, namespace) + "/" + path.lstrip("/"), body, timeout)
-
-
+        return DirectTransport(f"http://127.0.0.1:{state['serve_port']}")

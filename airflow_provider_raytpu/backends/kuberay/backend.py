@@ -1,0 +1,138 @@
+"""RayClusters on Kubernetes (any kubeconfig) or GKE, through the KubeRay operator.
+
+All Kubernetes access goes through the cncf-kubernetes hooks (backend ``kubernetes``)
+or the Google provider's GKE hooks (backend ``gke``) (:mod:`.clients`), so every auth
+method they support works here and no credential handling is written twice. The pieces:
+custom objects (:mod:`.objects`), the watch loop (:mod:`.watch`), pods and events
+(:mod:`.diagnosis`), the dashboard and Serve transports (:mod:`.transport`) and
+RayServices (:mod:`.services`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.client.rest import ApiException
+
+from airflow_provider_raytpu.backends.base import Applied, ApplyResult, ClusterBackend, conflict_error, same_spec
+from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
+from airflow_provider_raytpu.backends.kuberay.diagnosis import (
+    acluster_status,
+    cluster_pods,
+    cluster_status,
+    diagnose_cluster,
+)
+from airflow_provider_raytpu.backends.kuberay.objects import RAY_CLUSTERS, AlreadyExists, CustomObjects
+from airflow_provider_raytpu.backends.kuberay.services import KubeRayServices
+from airflow_provider_raytpu.backends.kuberay.transport import reach
+from airflow_provider_raytpu.backends.kuberay.watch import watch_object
+from airflow_provider_raytpu.errors import FatalError
+from airflow_provider_raytpu.manifests.raycluster import DASHBOARD_PORT, MANAGED_BY, MANAGED_BY_LABEL
+from airflow_provider_raytpu.status import ClusterStatus
+
+if TYPE_CHECKING:
+    from airflow_provider_raytpu.backends.settings import ConnectionSettings
+    from airflow_provider_raytpu.backends.transport import HttpTransport
+
+
+class KubeRayBackend(ClusterBackend):
+    """RayClusters and RayServices as KubeRay custom resources.
+
+    Its RayServices (:attr:`services`) are :class:`~airflow_provider_raytpu.backends.kuberay.services.KubeRayServices`.
+
+    :param settings: the parsed ``raytpu`` connection (backend ``kubernetes`` or ``gke``).
+    """
+
+    def __init__(self, settings: ConnectionSettings) -> None:
+        super().__init__(settings)
+        self.clients = KubeClients(settings)
+        self.objects = CustomObjects(self.clients, RAY_CLUSTERS)
+        self.services = KubeRayServices(self)
+
+    def check(self) -> str:
+        try:
+            ours = self.list_clusters(self.namespace, f"{MANAGED_BY_LABEL}={MANAGED_BY}")
+        except ApiException as exc:
+            if exc.status == 404:
+                raise FatalError(
+                    "The Kubernetes API server has no rayclusters.ray.io: install the KubeRay operator "
+                    "(on GKE, enable the Ray operator add-on)"
+                ) from exc
+            raise
+        return (
+            f"Reached {self.clients.api_client.configuration.host}: RayClusters can be listed in namespace "
+            f"{self.namespace!r} ({len(ours)} made by this provider)"
+        )
+
+    # -- RayCluster CRUD -------------------------------------------------------------------
+
+    def apply_cluster(self, manifest: dict[str, Any], *, update_if_exists: bool = False) -> ApplyResult:
+        name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+        existing = self.get_cluster(name, namespace)
+        if existing is None:
+            try:
+                return ApplyResult(Applied.CREATED, self.objects.create(manifest))
+            except AlreadyExists:
+                pass
+            # Created meanwhile, e.g. by our own first attempt whose answer was lost.
+            existing = self.get_cluster(name, namespace)
+            if existing is None:
+                raise FatalError(f"RayCluster {name!r} in {namespace!r} was created and deleted by someone else")
+        if same_spec(existing, manifest):
+            return ApplyResult(Applied.ADOPTED, existing)
+        if not update_if_exists:
+            raise conflict_error(existing, manifest)
+        replacement = {
+            **manifest,
+            "metadata": {
+                **existing["metadata"],
+                "labels": {**(existing["metadata"].get("labels") or {}), **manifest["metadata"]["labels"]},
+                "annotations": {
+                    **(existing["metadata"].get("annotations") or {}),
+                    **manifest["metadata"]["annotations"],
+                },
+            },
+        }
+        return ApplyResult(Applied.UPDATED, self.objects.replace(replacement))
+
+    def get_cluster(self, name: str, namespace: str) -> dict[str, Any] | None:
+        return self.objects.get(name, namespace)
+
+    def delete_cluster(self, name: str, namespace: str) -> bool:
+        return self.objects.delete(name, namespace)
+
+    def list_clusters(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
+        return self.objects.list(namespace, label_selector)
+
+    # -- status ----------------------------------------------------------------------------
+
+    def cluster_pods(self, name: str, namespace: str) -> list[dict[str, Any]]:
+        """The pods KubeRay made for the RayCluster."""
+        return cluster_pods(self.clients, name, namespace)
+
+    def cluster_status(self, name: str, namespace: str) -> ClusterStatus:
+        return cluster_status(self.clients, self.get_cluster(name, namespace))
+
+    def diagnose(self, name: str, namespace: str) -> str:
+        return diagnose_cluster(self.clients, self.get_cluster(name, namespace))
+
+    def dashboard(self, name: str, namespace: str) -> HttpTransport:
+        """The head service's ``dashboard`` port (``<name>-head-svc``)."""
+        if self.settings.dashboard == "url":
+            direct = (self.settings.dashboard_url or "").format(cluster_name=name, namespace=namespace)
+        else:
+            direct = f"http://{name}-head-svc.{namespace}.svc.cluster.local:{DASHBOARD_PORT}"
+        return reach(self.settings, self.clients, namespace, f"{name}-head-svc", "dashboard", direct)
+
+    def watch_cluster(self, name: str, namespace: str, poll_interval: float = 10.0) -> AsyncIterator[ClusterStatus]:
+        """Watch the one RayCluster and yield its status on every change (see
+        :func:`~airflow_provider_raytpu.backends.kuberay.watch.watch_object`).
+
+        Returns the watch generator itself (no wrapping generator, so closing it closes everything).
+        """
+        return watch_object(self.clients, self.objects, name, namespace, poll_interval, acluster_status)
+
+    async def adiagnose(self, name: str, namespace: str) -> str:
+        return await asyncio.to_thread(self.diagnose, name, namespace)

@@ -1,0 +1,68 @@
+"""A KubeRay RayCluster's pods and events: its status with per-slice detail, and why it is not ready."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.client.rest import ApiException
+from kubernetes_asyncio import client as k8s_async
+
+from airflow_provider_raytpu.backends.kuberay.objects import api_retry
+from airflow_provider_raytpu.status import ClusterStatus, diagnose_pods, read_ray_cluster
+
+if TYPE_CHECKING:
+    from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
+
+log = logging.getLogger(__name__)
+
+CLUSTER_LABEL = "ray.io/cluster"
+
+
+def _list_core(method: Callable[..., Any], namespace: str, **kwargs: Any) -> list[dict[str, Any]]:
+    """Items of a core list call as plain dicts; none when the identity may not read them (detail only)."""
+    try:
+        answer = api_retry()(method)(namespace, _preload_content=False, **kwargs)
+    except ApiException as exc:
+        if exc.status == 403:
+            log.warning("Cannot read %s in %s for detail: %s", method.__name__, namespace, exc.reason)
+            return []
+        raise
+    return json.loads(answer.data).get("items", [])
+
+
+def cluster_pods(clients: KubeClients, name: str, namespace: str) -> list[dict[str, Any]]:
+    """The pods KubeRay made for a RayCluster."""
+    return _list_core(clients.core.list_namespaced_pod, namespace, label_selector=f"{CLUSTER_LABEL}={name}")
+
+
+def cluster_status(clients: KubeClients, cluster: dict[str, Any] | None) -> ClusterStatus:
+    """A RayCluster's status read with its pods (``GONE`` for ``None``)."""
+    if cluster is None:
+        return read_ray_cluster(None)
+    metadata = cluster["metadata"]
+    return read_ray_cluster(cluster, cluster_pods(clients, metadata["name"], metadata["namespace"]))
+
+
+async def acluster_status(api_client: k8s_async.ApiClient, cluster: dict[str, Any] | None) -> ClusterStatus:
+    """:func:`cluster_status` through an async client."""
+    if cluster is None:
+        return read_ray_cluster(None)
+    metadata = cluster["metadata"]
+    pods = await k8s_async.CoreV1Api(api_client).list_namespaced_pod(
+        metadata["namespace"], label_selector=f"{CLUSTER_LABEL}={metadata['name']}", _preload_content=False
+    )
+    return read_ray_cluster(cluster, json.loads(await pods.read()).get("items", []))
+
+
+def diagnose_cluster(clients: KubeClients, cluster: dict[str, Any] | None) -> str:
+    """Why a RayCluster is not ready: which hosts are missing, and what the pods' events say holds them."""
+    if cluster is None:
+        return read_ray_cluster(None).message
+    metadata = cluster["metadata"]
+    pods = cluster_pods(clients, metadata["name"], metadata["namespace"])
+    events = _list_core(clients.core.list_namespaced_event, metadata["namespace"],
+                        field_selector="involvedObject.kind=Pod")
+    return diagnose_pods(read_ray_cluster(cluster, pods), pods, events)

@@ -1,0 +1,191 @@
+"""RayServices as KubeRay custom resources: apply, read with their clusters and Serve's own record, watch, diagnose."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from kubernetes_asyncio import client as k8s_async
+
+from airflow_provider_raytpu.backends.base import (
+    Applied,
+    ApplyResult,
+    ServiceBackend,
+    foreign_service_error,
+    is_managed,
+    same_service,
+    service_config_problems,
+)
+from airflow_provider_raytpu.backends.kuberay.objects import RAY_SERVICES, AlreadyExists, CustomObjects, StaleWrite
+from airflow_provider_raytpu.backends.kuberay.transport import reach
+from airflow_provider_raytpu.backends.kuberay.watch import watch_object
+from airflow_provider_raytpu.backends.serve_api import aserve_details, serve_details
+from airflow_provider_raytpu.errors import FatalError
+from airflow_provider_raytpu.manifests.raycluster import SERVE_PORT
+from airflow_provider_raytpu.manifests.rayservice import IN_PLACE, SERVE_PORT_NAME, serve_service_name, update_kind
+from airflow_provider_raytpu.status import ServiceStatus, diagnose_ray_service, read_ray_service
+
+if TYPE_CHECKING:
+    from airflow_provider_raytpu.backends.kuberay.backend import KubeRayBackend
+    from airflow_provider_raytpu.backends.transport import HttpTransport
+
+log = logging.getLogger(__name__)
+
+APPLY_CONFLICT_ATTEMPTS = 5
+
+
+def cluster_names(service: dict[str, Any] | None) -> tuple[str, str]:
+    """The active and pending RayClusters a RayService's status names ('' for none)."""
+    status = (service or {}).get("status") or {}
+    return (
+        (status.get("activeServiceStatus") or {}).get("rayClusterName") or "",
+        (status.get("pendingServiceStatus") or {}).get("rayClusterName") or "",
+    )
+
+
+def needs_serve_record(service: dict[str, Any]) -> bool:
+    """After an in-place update only Serve itself can say whether the active cluster runs the new config."""
+    active, pending = cluster_names(service)
+    return update_kind(service) == IN_PLACE and bool(active) and not pending
+
+
+class KubeRayServices(ServiceBackend):
+    """RayServices as KubeRay custom resources, next to the RayClusters of a :class:`KubeRayBackend`.
+
+    :param backend: the backend whose clients and RayClusters it uses.
+    """
+
+    def __init__(self, backend: KubeRayBackend) -> None:
+        self.backend = backend
+        self.objects = CustomObjects(backend.clients, RAY_SERVICES)
+
+    # -- apply / get / delete ------------------------------------------------------------------
+
+    def apply_service(self, manifest: dict[str, Any]) -> ApplyResult:
+        name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+        for _ in range(APPLY_CONFLICT_ATTEMPTS):
+            existing = self.get_service(name, namespace)
+            if existing is None:
+                try:
+                    return ApplyResult(Applied.CREATED, self.objects.create(manifest))
+                except AlreadyExists:
+                    continue  # created meanwhile, e.g. by our own first attempt whose answer was lost
+            if not is_managed(existing):
+                raise foreign_service_error(existing)
+            if same_service(existing, manifest):
+                return ApplyResult(Applied.ADOPTED, existing)
+            replacement = {
+                **manifest,
+                "metadata": {
+                    **existing["metadata"],
+                    "labels": {**(existing["metadata"].get("labels") or {}), **manifest["metadata"]["labels"]},
+                    "annotations": {
+                        **(existing["metadata"].get("annotations") or {}),
+                        **manifest["metadata"]["annotations"],
+                    },
+                },
+            }
+            try:
+                return ApplyResult(Applied.UPDATED, self.objects.replace(replacement))
+            except StaleWrite:
+                # KubeRay wrote the status since we read it (stale resourceVersion): read again.
+                log.info("RayService %s/%s changed while being updated; reading it again", namespace, name)
+        raise FatalError(
+            f"RayService {namespace}/{name} kept changing while being updated ({APPLY_CONFLICT_ATTEMPTS} attempts)"
+        )
+
+    def get_service(self, name: str, namespace: str) -> dict[str, Any] | None:
+        return self.objects.get(name, namespace)
+
+    def delete_service(self, name: str, namespace: str) -> bool:
+        return self.objects.delete(name, namespace)
+
+    # -- status --------------------------------------------------------------------------------
+
+    def serve_applications(self, cluster_name: str, namespace: str) -> dict[str, Any] | None:
+        """Serve's ``applications`` on a cluster (``GET /api/serve/applications/``); ``None`` if unreachable."""
+        details = serve_details(self.backend.dashboard(cluster_name, namespace),
+                                f"RayCluster {namespace}/{cluster_name}")
+        return None if details is None else details.get("applications") or {}
+
+    def _read(self, service: dict[str, Any] | None, version: str | None) -> ServiceStatus:
+        if service is None:
+            return read_ray_service(None, version=version)
+        namespace = service["metadata"]["namespace"]
+        active, pending = cluster_names(service)
+        return read_ray_service(
+            service,
+            active_cluster=self.backend.get_cluster(active, namespace) if active else None,
+            pending_cluster=self.backend.get_cluster(pending, namespace) if pending else None,
+            serve_applications=self.serve_applications(active, namespace) if needs_serve_record(service) else None,
+            version=version,
+        )
+
+    def service_status(self, name: str, namespace: str, version: str | None = None) -> ServiceStatus:
+        return self._read(self.get_service(name, namespace), version)
+
+    async def _aread(self, api_client: k8s_async.ApiClient, service: dict[str, Any] | None,
+                     version: str | None) -> ServiceStatus:
+        if service is None:
+            return read_ray_service(None, version=version)
+        namespace = service["metadata"]["namespace"]
+        active, pending = cluster_names(service)
+        clusters = self.backend.objects
+        applications = None
+        if needs_serve_record(service):
+            details = await aserve_details(self.backend.dashboard(active, namespace), f"RayCluster {namespace}/{active}")
+            applications = None if details is None else details.get("applications") or {}
+        return read_ray_service(
+            service,
+            active_cluster=await clusters.aget(api_client, active, namespace) if active else None,
+            pending_cluster=await clusters.aget(api_client, pending, namespace) if pending else None,
+            serve_applications=applications,
+            version=version,
+        )
+
+    async def aservice_status(self, name: str, namespace: str, version: str | None = None) -> ServiceStatus:
+        async with self.backend.clients.async_api_client() as api_client:
+            service = await self.objects.aget(api_client, name, namespace)
+            return await self._aread(api_client, service, version)
+
+    def watch_service(
+        self, name: str, namespace: str, version: str | None = None, poll_interval: float = 10.0
+    ) -> AsyncIterator[ServiceStatus]:
+        """Watch the one RayService and yield its status on every change (see
+        :func:`~airflow_provider_raytpu.backends.kuberay.watch.watch_object`).
+
+        Each status also reads the active and pending RayClusters the service names (their
+        pod templates carry the version each was made for).
+        """
+
+        async def read(api_client: k8s_async.ApiClient, service: dict[str, Any] | None) -> ServiceStatus:
+            return await self._aread(api_client, service, version)
+
+        return watch_object(self.backend.clients, self.objects, name, namespace, poll_interval, read)
+
+    def diagnose_service(self, name: str, namespace: str, version: str | None = None,
+                         waited: float | None = None) -> str:
+        service = self.get_service(name, namespace)
+        status = self._read(service, version)
+        if service is None:
+            return status.message
+        target = status.target_cluster
+        return diagnose_ray_service(
+            status,
+            waited=waited,
+            serve_applications=self.serve_applications(target, namespace) if target else None,
+            cluster_diagnosis=self.backend.diagnose(target, namespace) if target else "",
+            config_problems=service_config_problems(service),
+        )
+
+    async def adiagnose_service(self, name: str, namespace: str, version: str | None = None,
+                                waited: float | None = None) -> str:
+        return await asyncio.to_thread(self.diagnose_service, name, namespace, version, waited)
+
+    def serve_endpoint(self, name: str, namespace: str) -> HttpTransport:
+        """The Serve service's ``serve`` port (``<name>-serve-svc``)."""
+        service = serve_service_name(name)
+        return reach(self.backend.settings, self.backend.clients, namespace, service, SERVE_PORT_NAME,
+                     f"http://{service}.{namespace}.svc.cluster.local:{SERVE_PORT}")

@@ -1,0 +1,179 @@
+"""One HTTP endpoint of a Ray cluster as a backend reaches it: the dashboard, or a RayService's Serve proxy.
+
+Every backend hands out an :class:`HttpTransport` (``ClusterBackend.dashboard``,
+``ServiceBackend.serve_endpoint``); the Ray Jobs hook, the Serve status reads and the
+RayService sensor's smoke request all go through it and never learn which backend, or which
+way to the endpoint (an explicit URL, in-cluster DNS, this machine, the Kubernetes API
+server's service proxy), is behind it. Constructing a transport does no I/O.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import json as jsonlib
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import aiohttp
+    import requests
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    try:  # what Ray's own client says about a 401/403 of its token authentication
+        from ray._private.authentication.http_token_authentication import format_authentication_http_error
+    except ImportError:  # a Ray without token authentication
+        format_authentication_http_error = None
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    """What an endpoint answered.
+
+    :param status: the HTTP status code.
+    :param body: the body as received.
+    """
+
+    status: int
+    body: bytes
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def json(self) -> Any:
+        """The body as JSON."""
+        return jsonlib.loads(self.body)
+
+    def text(self, limit: int | None = None) -> str:
+        """The body as text, its last ``limit`` characters at most."""
+        text = self.body.decode(errors="replace")
+        return text if limit is None else text[-limit:]
+
+
+class HttpTransport(abc.ABC):
+    """One HTTP endpoint of a Ray cluster (its dashboard, or a RayService's Serve proxy) as this backend reaches it.
+
+    ``request`` and ``arequest`` answer every status code (they raise only when nothing
+    answered: ``OSError`` and the like).
+    """
+
+    #: Whether a 401/403 comes from Ray's own token authentication (and is explained as such).
+    ray_auth_errors = True
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """The base URL, no credentials in it (for the API-server proxy, the proxy URL)."""
+
+    @property
+    def browser_url(self) -> str | None:
+        """The URL a browser can open, or ``None`` when only this transport's credentials reach it."""
+        return self.url
+
+    @abc.abstractmethod
+    def request(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
+                headers: Mapping[str, str] | None = None, timeout: float | None = 30.0) -> HttpAnswer:
+        """Send one request to ``path`` (below :attr:`url`).
+
+        :param json: a body sent as JSON.
+        :param data: a body sent as is.
+        :param timeout: seconds to wait for the answer; ``None``: no limit.
+        """
+
+    @abc.abstractmethod
+    async def arequest(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
+                       headers: Mapping[str, str] | None = None, timeout: float | None = 30.0) -> HttpAnswer:
+        """:meth:`request` without blocking the event loop."""
+
+    def job_client(self) -> JobSubmissionClient:
+        """Ray's ``JobSubmissionClient`` (it also uploads ``py_modules`` and ``working_dir``), talking through this transport."""
+        return _transport_job_client_class()(self)
+
+
+class DirectTransport(HttpTransport):
+    """An endpoint reached at its URL: an explicit URL, in-cluster DNS, or the local backend's head.
+
+    :param url: the base URL.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def _join(self, path: str) -> str:
+        return self._url.rstrip("/") + "/" + path.lstrip("/")
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[requests.Session]:
+        """The ``requests`` session a sync request uses (one per request here)."""
+        import requests
+
+        with requests.Session() as session:
+            yield session
+
+    @contextlib.asynccontextmanager
+    async def asession(self) -> AsyncIterator[aiohttp.ClientSession]:
+        """The ``aiohttp`` session an async request uses (one per request here)."""
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            yield session
+
+    def request(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
+                headers: Mapping[str, str] | None = None, timeout: float | None = 30.0) -> HttpAnswer:
+        with self.session() as session:
+            answer = session.request(method, self._join(path), json=json, data=data, headers=dict(headers or {}),
+                                     timeout=timeout)
+            return HttpAnswer(answer.status_code, answer.content)
+
+    async def arequest(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
+                       headers: Mapping[str, str] | None = None, timeout: float | None = 30.0) -> HttpAnswer:
+        import aiohttp
+
+        async with self.asession() as session:
+            async with session.request(method, self._join(path), json=json, data=data, headers=dict(headers or {}),
+                                       timeout=aiohttp.ClientTimeout(total=timeout)) as answer:
+                return HttpAnswer(answer.status, await answer.read())
+
+
+@cache
+def _transport_job_client_class() -> type[JobSubmissionClient]:
+    """A ``JobSubmissionClient`` whose every request (the version check in its constructor too)
+    goes through an :class:`HttpTransport`; made once, on first use (it imports Ray)."""
+    import requests
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    try:  # what Ray's own client says about a 401/403 of its token authentication
+        from ray._private.authentication.http_token_authentication import format_authentication_http_error
+    except ImportError:  # a Ray without token authentication
+        format_authentication_http_error = None
+
+    class TransportJobSubmissionClient(JobSubmissionClient):  # type: ignore[misc]
+        def __init__(self, transport: HttpTransport) -> None:
+            self._transport = transport
+            super().__init__(address=transport.url)
+
+        def _do_request(self, method: str, endpoint: str, *, data: bytes | None = None,
+                        json_data: dict[str, Any] | None = None, **kwargs: Any) -> requests.Response:
+            headers = {"Accept": "application/json", **(self._headers or {})}
+            if data is not None:
+                headers["Content-Type"] = "application/octet-stream"
+            answer = self._transport.request(method, endpoint, json=json_data, data=data, headers=headers,
+                                             timeout=kwargs.get("timeout"))
+            if self._transport.ray_auth_errors and format_authentication_http_error is not None:
+                if explained := format_authentication_http_error(answer.status, answer.text()):
+                    raise AuthenticationError(explained)
+            response = requests.Response()
+            response.status_code, response._content = answer.status, answer.body
+            response.url = self._transport.url.rstrip("/") + endpoint
+            return response
+
+    return TransportJobSubmissionClient
