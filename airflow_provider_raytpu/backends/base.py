@@ -10,15 +10,6 @@ from typing import Any
 
 from airflow_provider_raytpu.backends.settings import ConnectionSettings
 from airflow_provider_raytpu.backends.transport import HttpTransport
-from airflow_provider_raytpu.errors import ConflictError
-from airflow_provider_raytpu.manifests.raycluster import (
-    DAG_ID_KEY,
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
-    RUN_ID_KEY,
-    SPEC_HASH_ANNOTATION,
-    TASK_ID_KEY,
-)
 from airflow_provider_raytpu.status import ClusterStatus, ServiceStatus
 
 
@@ -32,7 +23,8 @@ class Applied(str, Enum):
 
 @dataclass(frozen=True)
 class ApplyResult:
-    """The outcome of :meth:`ClusterBackend.apply_cluster` or :meth:`ServiceBackend.apply_service`.
+    """The outcome of :meth:`ClusterBackend.apply_cluster` or :meth:`ServiceBackend.apply_service`
+    (both go through :func:`~airflow_provider_raytpu.backends.apply.apply_object`).
 
     :param action: created, adopted (same spec hash) or updated.
     :param cluster: the RayCluster (or RayService) as stored.
@@ -40,50 +32,6 @@ class ApplyResult:
 
     action: Applied
     cluster: dict[str, Any]
-
-
-def annotations_of(obj: dict[str, Any]) -> dict[str, str]:
-    return obj.get("metadata", {}).get("annotations") or {}
-
-
-def same_spec(existing: dict[str, Any], manifest: dict[str, Any]) -> bool:
-    """Whether an existing resource is the one ``manifest`` renders (equal spec-hash annotations)."""
-    return annotations_of(existing).get(SPEC_HASH_ANNOTATION) == annotations_of(manifest)[SPEC_HASH_ANNOTATION]
-
-
-def conflict_error(existing: dict[str, Any], manifest: dict[str, Any]) -> ConflictError:
-    """The error for an existing resource of the same name whose spec differs."""
-    metadata = existing.get("metadata", {})
-    kind = existing.get("kind", "RayCluster")
-    notes = annotations_of(existing)
-    made_by = (
-        f"made by DAG {notes[DAG_ID_KEY]!r}, run {notes.get(RUN_ID_KEY)!r}, task {notes.get(TASK_ID_KEY)!r}"
-        if DAG_ID_KEY in notes
-        else "not made by this provider"
-    )
-    return ConflictError(
-        f"{kind} {metadata.get('name')!r} in namespace {metadata.get('namespace')!r} already exists with a "
-        f"different spec (spec hash {notes.get(SPEC_HASH_ANNOTATION)!r}, this task renders "
-        f"{annotations_of(manifest)[SPEC_HASH_ANNOTATION]!r}; {made_by}). Choose another name, delete "
-        f"the existing {kind}, or set update_if_exists=True to update it in place."
-    )
-
-
-def same_service(existing: dict[str, Any], manifest: dict[str, Any]) -> bool:
-    """Whether an existing RayService is the one ``manifest`` renders: same spec hash and same model version."""
-    from airflow_provider_raytpu.manifests.rayservice import service_version
-
-    return same_spec(existing, manifest) and service_version(existing) == service_version(manifest)
-
-
-def foreign_service_error(existing: dict[str, Any]) -> ConflictError:
-    """The error for a RayService of the same name that this provider did not make."""
-    metadata = existing.get("metadata", {})
-    return ConflictError(
-        f"RayService {metadata.get('name')!r} in namespace {metadata.get('namespace')!r} already exists and was not "
-        f"made by this provider (no {MANAGED_BY_LABEL}={MANAGED_BY} label), so it is not replaced. Choose another "
-        "service_name, or delete the existing RayService."
-    )
 
 
 def service_config_problems(service: dict[str, Any]) -> list[str]:
@@ -97,10 +45,6 @@ def service_config_problems(service: dict[str, Any]) -> list[str]:
         return []
     config = parse_serve_config((service.get("spec") or {}).get("serveConfigV2"))
     return [str(problem) for problem in serve_config_problems(config, tpu)]
-
-
-def is_managed(obj: dict[str, Any]) -> bool:
-    return (obj.get("metadata", {}).get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
 
 
 class ServiceBackend(abc.ABC):
@@ -185,7 +129,12 @@ class ClusterBackend(abc.ABC):
 
     @abc.abstractmethod
     def apply_cluster(self, manifest: dict[str, Any], *, update_if_exists: bool = False) -> ApplyResult:
-        """Create the RayCluster, adopt a matching one, or update a different one if allowed."""
+        """Create the RayCluster, adopt a matching one, or update a different one if allowed.
+
+        Same spec hash: adopted, nothing is written. A same-named RayCluster this provider did
+        not make, or a different one without ``update_if_exists``, is a
+        :class:`~airflow_provider_raytpu.errors.ConflictError`.
+        """
 
     @abc.abstractmethod
     def get_cluster(self, name: str, namespace: str) -> dict[str, Any] | None:

@@ -45,6 +45,17 @@ def test_different_spec_is_a_conflict_naming_the_owner(backend: KubeRayBackend, 
     assert creates(kube) == 1
 
 
+def test_a_same_named_cluster_this_provider_did_not_make_is_never_adopted(backend: KubeRayBackend,
+                                                                           kube: FakeKubeApiServer) -> None:
+    foreign = manifest()
+    foreign["metadata"]["labels"] = {}
+    kube.create_object(foreign)
+    with pytest.raises(ConflictError, match="RayCluster 'train' in namespace 'ml' already exists and was not made by "
+                                            "this provider"):
+        backend.apply_cluster(manifest(), update_if_exists=True)
+    assert creates(kube) == 0 and kube.count("PUT", CLUSTERS) == 0
+
+
 def test_update_if_exists_replaces_the_spec(backend: KubeRayBackend, kube: FakeKubeApiServer) -> None:
     backend.apply_cluster(manifest())
     result = backend.apply_cluster(manifest(tpu=TpuSlice("v6e", "4x8")), update_if_exists=True)

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.rest import ApiException
 
-from airflow_provider_raytpu.backends.base import Applied, ApplyResult, ClusterBackend, conflict_error, same_spec
+from airflow_provider_raytpu.backends.apply import apply_object, same_spec
+from airflow_provider_raytpu.backends.base import ApplyResult, ClusterBackend
 from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
 from airflow_provider_raytpu.backends.kuberay.diagnosis import (
     acluster_status,
@@ -24,7 +25,7 @@ from airflow_provider_raytpu.backends.kuberay.diagnosis import (
     cluster_status,
     diagnose_cluster,
 )
-from airflow_provider_raytpu.backends.kuberay.objects import RAY_CLUSTERS, AlreadyExists, CustomObjects
+from airflow_provider_raytpu.backends.kuberay.objects import RAY_CLUSTERS, CustomObjects
 from airflow_provider_raytpu.backends.kuberay.services import KubeRayServices
 from airflow_provider_raytpu.backends.kuberay.transport import reach
 from airflow_provider_raytpu.backends.kuberay.watch import watch_object
@@ -69,33 +70,7 @@ class KubeRayBackend(ClusterBackend):
     # -- RayCluster CRUD -------------------------------------------------------------------
 
     def apply_cluster(self, manifest: dict[str, Any], *, update_if_exists: bool = False) -> ApplyResult:
-        name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
-        existing = self.get_cluster(name, namespace)
-        if existing is None:
-            try:
-                return ApplyResult(Applied.CREATED, self.objects.create(manifest))
-            except AlreadyExists:
-                pass
-            # Created meanwhile, e.g. by our own first attempt whose answer was lost.
-            existing = self.get_cluster(name, namespace)
-            if existing is None:
-                raise FatalError(f"RayCluster {name!r} in {namespace!r} was created and deleted by someone else")
-        if same_spec(existing, manifest):
-            return ApplyResult(Applied.ADOPTED, existing)
-        if not update_if_exists:
-            raise conflict_error(existing, manifest)
-        replacement = {
-            **manifest,
-            "metadata": {
-                **existing["metadata"],
-                "labels": {**(existing["metadata"].get("labels") or {}), **manifest["metadata"]["labels"]},
-                "annotations": {
-                    **(existing["metadata"].get("annotations") or {}),
-                    **manifest["metadata"]["annotations"],
-                },
-            },
-        }
-        return ApplyResult(Applied.UPDATED, self.objects.replace(replacement))
+        return apply_object(self.objects, manifest, same=same_spec, update=update_if_exists)
 
     def get_cluster(self, name: str, namespace: str) -> dict[str, Any] | None:
         return self.objects.get(name, namespace)

@@ -26,6 +26,7 @@ from kubernetes_asyncio import client as k8s_async
 from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiException
 
 from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import WaitRetryAfterOrExponential
+from airflow_provider_raytpu.backends.apply import AlreadyExists, StaleWrite
 from airflow_provider_raytpu.errors import FatalError, PermissionDeniedError
 
 if TYPE_CHECKING:
@@ -41,14 +42,6 @@ KINDS = {RAY_CLUSTERS: "RayCluster", RAY_SERVICES: "RayService"}
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 
 T = TypeVar("T")
-
-
-class AlreadyExists(Exception):
-    """A create found an object of that name."""
-
-
-class StaleWrite(Exception):
-    """A replace carried an outdated ``resourceVersion``: the object changed since it was read."""
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -108,7 +101,8 @@ def explained(verb: str, resource: str, namespace: str | None) -> Iterator[None]
 
 
 class CustomObjects:
-    """One kind of ray.io object, through the connection's clients.
+    """One kind of ray.io object, through the connection's clients (an
+    :class:`~airflow_provider_raytpu.backends.apply.ObjectStore`).
 
     :param clients: the connection's Kubernetes clients.
     :param plural: ``rayclusters`` or ``rayservices``.
@@ -143,7 +137,7 @@ class CustomObjects:
                 )
         except ApiException as exc:
             if exc.status == 409:
-                raise AlreadyExists(self.kind, manifest["metadata"]["name"], namespace) from None
+                raise AlreadyExists(f"{self.kind} {namespace}/{manifest['metadata']['name']}") from None
             raise
 
     def replace(self, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +153,7 @@ class CustomObjects:
                 )
         except ApiException as exc:
             if exc.status == 409:
-                raise StaleWrite(self.kind, name, namespace) from None
+                raise StaleWrite(f"{self.kind} {namespace}/{name}") from None
             raise
 
     def delete(self, name: str, namespace: str) -> bool:

@@ -9,20 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes_asyncio import client as k8s_async
 
-from airflow_provider_raytpu.backends.base import (
-    Applied,
-    ApplyResult,
-    ServiceBackend,
-    foreign_service_error,
-    is_managed,
-    same_service,
-    service_config_problems,
-)
-from airflow_provider_raytpu.backends.kuberay.objects import RAY_SERVICES, AlreadyExists, CustomObjects, StaleWrite
+from airflow_provider_raytpu.backends.apply import apply_object, same_service
+from airflow_provider_raytpu.backends.base import ApplyResult, ServiceBackend, service_config_problems
+from airflow_provider_raytpu.backends.kuberay.objects import RAY_SERVICES, CustomObjects
 from airflow_provider_raytpu.backends.kuberay.transport import reach
 from airflow_provider_raytpu.backends.kuberay.watch import watch_object
 from airflow_provider_raytpu.backends.serve_api import aserve_details, serve_details
-from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.manifests.raycluster import SERVE_PORT
 from airflow_provider_raytpu.manifests.rayservice import IN_PLACE, SERVE_PORT_NAME, serve_service_name, update_kind
 from airflow_provider_raytpu.status import ServiceStatus, diagnose_ray_service, read_ray_service
@@ -32,9 +24,6 @@ if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.transport import HttpTransport
 
 log = logging.getLogger(__name__)
-
-APPLY_CONFLICT_ATTEMPTS = 5
-
 
 def cluster_names(service: dict[str, Any] | None) -> tuple[str, str]:
     """The active and pending RayClusters a RayService's status names ('' for none)."""
@@ -64,37 +53,7 @@ class KubeRayServices(ServiceBackend):
     # -- apply / get / delete ------------------------------------------------------------------
 
     def apply_service(self, manifest: dict[str, Any]) -> ApplyResult:
-        name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
-        for _ in range(APPLY_CONFLICT_ATTEMPTS):
-            existing = self.get_service(name, namespace)
-            if existing is None:
-                try:
-                    return ApplyResult(Applied.CREATED, self.objects.create(manifest))
-                except AlreadyExists:
-                    continue  # created meanwhile, e.g. by our own first attempt whose answer was lost
-            if not is_managed(existing):
-                raise foreign_service_error(existing)
-            if same_service(existing, manifest):
-                return ApplyResult(Applied.ADOPTED, existing)
-            replacement = {
-                **manifest,
-                "metadata": {
-                    **existing["metadata"],
-                    "labels": {**(existing["metadata"].get("labels") or {}), **manifest["metadata"]["labels"]},
-                    "annotations": {
-                        **(existing["metadata"].get("annotations") or {}),
-                        **manifest["metadata"]["annotations"],
-                    },
-                },
-            }
-            try:
-                return ApplyResult(Applied.UPDATED, self.objects.replace(replacement))
-            except StaleWrite:
-                # KubeRay wrote the status since we read it (stale resourceVersion): read again.
-                log.info("RayService %s/%s changed while being updated; reading it again", namespace, name)
-        raise FatalError(
-            f"RayService {namespace}/{name} kept changing while being updated ({APPLY_CONFLICT_ATTEMPTS} attempts)"
-        )
+        return apply_object(self.objects, manifest, same=same_service, update=True)
 
     def get_service(self, name: str, namespace: str) -> dict[str, Any] | None:
         return self.objects.get(name, namespace)

@@ -30,7 +30,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_raytpu.backends.base import Applied, ApplyResult, ClusterBackend, conflict_error, same_spec
+from airflow_provider_raytpu.backends.apply import apply_object, same_spec
+from airflow_provider_raytpu.backends.base import Applied, ApplyResult, ClusterBackend
 from airflow_provider_raytpu.backends.local.lifecycle import processes_of, remove_cluster, start_cluster, stop_cluster
 from airflow_provider_raytpu.backends.local.plan import plan_cluster
 from airflow_provider_raytpu.backends.local.process import (
@@ -63,6 +64,38 @@ from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.status import ClusterStatus, diagnose_pods, pod_is_ready, read_ray_cluster
 
 LOG_TAIL_LINES = 15
+
+
+def _applied(backend: LocalBackend, name: str, namespace: str) -> dict[str, Any]:
+    cluster = backend.get_cluster(name, namespace)
+    if cluster is None:
+        raise FatalError(f"RayCluster {name!r} in {namespace!r} vanished while it was being applied")
+    return cluster
+
+
+class _ClusterFiles:
+    """A local cluster's files as the :class:`~airflow_provider_raytpu.backends.apply.ObjectStore` of
+    :func:`~airflow_provider_raytpu.backends.apply.apply_object`: creating or replacing one (re)starts
+    its supervisor. Used under the cluster's lock, so neither raises ``AlreadyExists`` nor ``StaleWrite``.
+    """
+
+    def __init__(self, backend: LocalBackend, path: Path) -> None:
+        self.backend, self.path = backend, path
+
+    def get(self, name: str, namespace: str) -> dict[str, Any] | None:
+        return self.backend.get_cluster(name, namespace)
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        start_cluster(self.path, stored_form(manifest, None), fresh=True)
+        return _applied(self.backend, manifest["metadata"]["name"], manifest["metadata"]["namespace"])
+
+    def replace(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        stored = StoredCluster.read(self.path)
+        if stored is None:
+            raise FatalError(f"RayCluster {self.path.name!r} vanished while it was being updated")
+        stop_cluster(stored)
+        start_cluster(self.path, stored_form(manifest, stored.manifest), fresh=False, previous=stored.state)
+        return _applied(self.backend, manifest["metadata"]["name"], manifest["metadata"]["namespace"])
 
 
 class LocalBackend(ClusterBackend):
@@ -164,20 +197,13 @@ class LocalBackend(ClusterBackend):
                 # A delete that did not finish: finish it, then create afresh.
                 stop_cluster(stored)
                 remove_cluster(stored)
-                stored = None
-            if stored is None:
-                start_cluster(path, stored_form(manifest, None), fresh=True)
-                return ApplyResult(Applied.CREATED, self._cluster(name, namespace))
-            if same_spec(stored.manifest, manifest):
-                if not stored.supervisor_alive:
-                    stop_cluster(stored)  # leftovers of the dead incarnation, if any
-                    start_cluster(path, stored.manifest, fresh=False, previous=stored.state)
-                return ApplyResult(Applied.ADOPTED, self._cluster(name, namespace))
-            if not update_if_exists:
-                raise conflict_error(stored.manifest, manifest)
-            stop_cluster(stored)
-            start_cluster(path, stored_form(manifest, stored.manifest), fresh=False, previous=stored.state)
-            return ApplyResult(Applied.UPDATED, self._cluster(name, namespace))
+            result = apply_object(_ClusterFiles(self, path), manifest, same=same_spec, update=update_if_exists)
+            stored = self._read(name, namespace)
+            if result.action is Applied.ADOPTED and stored is not None and not stored.supervisor_alive:
+                stop_cluster(stored)  # leftovers of the dead incarnation, if any
+                start_cluster(path, stored.manifest, fresh=False, previous=stored.state)
+                result = ApplyResult(Applied.ADOPTED, _applied(self, name, namespace))
+            return result
 
     def delete_cluster(self, name: str, namespace: str) -> bool:
         with self._lock(name, namespace):
@@ -195,12 +221,6 @@ class LocalBackend(ClusterBackend):
             return True
 
     # -- reading ------------------------------------------------------------------------------
-
-    def _cluster(self, name: str, namespace: str) -> dict[str, Any]:
-        cluster = self.get_cluster(name, namespace)
-        if cluster is None:
-            raise FatalError(f"RayCluster {name!r} in {namespace!r} vanished while it was being applied")
-        return cluster
 
     def get_cluster(self, name: str, namespace: str) -> dict[str, Any] | None:
         stored = self._read(name, namespace)

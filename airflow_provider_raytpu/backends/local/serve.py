@@ -31,16 +31,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raytpu.backends.base import (
-    Applied,
-    ApplyResult,
-    ServiceBackend,
-    foreign_service_error,
-    is_managed,
-    same_service,
-    same_spec,
-    service_config_problems,
-)
+from airflow_provider_raytpu.backends.apply import apply_object, same_service, same_spec
+from airflow_provider_raytpu.backends.base import ApplyResult, ServiceBackend, service_config_problems
 from airflow_provider_raytpu.backends.local.process import file_lock, free_port, read_json, write_json_atomic
 from airflow_provider_raytpu.backends.local.state import service_dir, stored_form
 from airflow_provider_raytpu.backends.serve_api import SERVE_APPLICATIONS_ENDPOINT, serve_details
@@ -66,6 +58,34 @@ PICKUP_SECONDS = 5.0
 def local_cluster_name(service_name: str) -> str:
     """The local RayCluster that runs a RayService (KubeRay's are ``<name>-<random>``; here one, stable)."""
     return f"{service_name}{CLUSTER_SUFFIX}"
+
+
+class _ServiceFiles:
+    """A local RayService's ``rayservice.json`` as the :class:`~airflow_provider_raytpu.backends.apply.ObjectStore`
+    of :func:`~airflow_provider_raytpu.backends.apply.apply_object`. Used under the service's lock, so
+    neither raises ``AlreadyExists`` nor ``StaleWrite``.
+
+    :param path: the service's directory.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def get(self, name: str, namespace: str) -> dict[str, Any] | None:
+        return read_json(self.path / SERVICE_FILE)
+
+    def _write(self, service: dict[str, Any]) -> dict[str, Any]:
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.path / SERVICE_FILE, service)
+        return service
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return self._write(stored_form(manifest, None))
+
+    def replace(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        existing = self.get(manifest["metadata"]["name"], manifest["metadata"]["namespace"])
+        changed = existing is None or not same_spec(existing, manifest)
+        return self._write(stored_form(manifest, existing, changed=changed))
 
 
 class LocalServices(ServiceBackend):
@@ -101,16 +121,8 @@ class LocalServices(ServiceBackend):
         name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
         path = self.service_dir(name, namespace)
         with self._service_lock(name, namespace):
-            existing = self._stored(name, namespace)
-            if existing is not None and not is_managed(existing):
-                raise foreign_service_error(existing)
-            if existing is not None and same_service(existing, manifest):
-                action, stored = Applied.ADOPTED, existing
-            else:
-                action = Applied.CREATED if existing is None else Applied.UPDATED
-                stored = stored_form(manifest, existing, changed=existing is None or not same_spec(existing, manifest))
-                path.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(path / SERVICE_FILE, stored)
+            applied = apply_object(_ServiceFiles(path), manifest, same=same_service, update=True)
+            stored = applied.cluster
             state = self._serve_state(name, namespace)
             if "serve_port" not in state:
                 write_json_atomic(path / SERVE_STATE_FILE, {**state, "serve_port": free_port()})
@@ -119,7 +131,7 @@ class LocalServices(ServiceBackend):
             self.backend.apply_cluster(cluster, update_if_exists=True)
         self._wait_for_head(name, namespace)
         self._reconcile(name, namespace)
-        return ApplyResult(action, self.get_service(name, namespace) or stored)
+        return ApplyResult(applied.action, self.get_service(name, namespace) or stored)
 
     def _wait_for_head(self, name: str, namespace: str, timeout: float = HEAD_WAIT_SECONDS) -> None:
         """Wait (bounded) until the cluster's head is ready, so the Serve config can be PUT now.
