@@ -3,8 +3,9 @@
 One emulated cluster for the module (a CPU head and one v6e 2x2 host, 1 CPU each); the
 service is the example JAX/Flax model (``example_dags/serving/model.py``), replicas at
 0.1 CPU. The tests run in file order on that one service, each starting from the state
-the previous one left: v1 deployed, promoted to v2 under load, v3 fails at start, then a
-deployment that no host can schedule.
+the previous one left: v1 deployed, promoted to v2 under load, Serve loses its config and
+the cluster's supervisor restores v2, v3 fails at start, then a deployment that no host can
+schedule.
 """
 
 from __future__ import annotations
@@ -138,6 +139,29 @@ def test_promotion_under_load_fails_no_request_and_switches_to_v2(airflow_home: 
     switched = answers.index("v2")
     assert set(answers[switched:]) == {"v2"}, "once v2 answers, v1 never answers again"
     assert len(answers) > 20
+
+
+def test_serve_that_lost_its_config_gets_it_back_from_the_clusters_supervisor(serve_backend: LocalServices) -> None:
+    """Serve forgets its applications (as a restarted head does): the cluster's supervisor, the local stand-in
+    for KubeRay's RayService controller, PUTs the service's config again. Nothing here reads the status."""
+    cluster = local_cluster_name(SERVICE)
+    dashboard = serve_backend.backend.dashboard(cluster, NAMESPACE)
+    assert dashboard.request("DELETE", "/api/serve/applications/", timeout=120).ok
+    supervisor_log = serve_backend.backend.cluster_dir(cluster, NAMESPACE) / "supervisor.log"
+    url = serve_backend.serve_endpoint(SERVICE, NAMESPACE).url
+    deadline = time.monotonic() + 180
+    while True:
+        resubmitted = "has no applications (head restarted?); submitting again" in supervisor_log.read_text()
+        try:
+            answer = requests.post(url + "/", json=INPUTS, timeout=10)
+            version = answer.json()["version"] if answer.status_code == 200 else answer.status_code
+        except requests.RequestException as exc:
+            version = repr(exc)
+        if (resubmitted and version == "v2") or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert resubmitted, supervisor_log.read_text()[-3000:]
+    assert version == "v2"
 
 
 def test_an_application_that_raises_at_start_fails_the_sensor_fast(airflow_home: Path, serve_backend: LocalServices,

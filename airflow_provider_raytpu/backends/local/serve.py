@@ -3,39 +3,42 @@
 A RayService here is the local RayCluster made from its ``rayClusterConfig`` (through
 the local backend's own :meth:`apply_cluster`) and its ``serveConfigV2`` PUT to the Serve
 REST API of that cluster's dashboard (``PUT /api/serve/applications/``, the call KubeRay
-makes). A promotion PUTs the new config on the same cluster: Serve redeploys the changed
-applications (``max_surge_percent`` in a deployment's options makes new replicas start
-before old ones stop). Status is Serve's ``GET /api/serve/applications/``, dressed as a
-RayService status and read by :func:`~airflow_provider_raytpu.status.read_ray_service`,
-so RUNNING / DEPLOYING / FAILED mean the same as on Kubernetes; a version counts as
-running only once Serve's record of every application (``deployed_app_config``) is the
-spec's.
+makes; :mod:`~airflow_provider_raytpu.backends.local.serve_sync`). A promotion PUTs the
+new config on the same cluster: Serve redeploys the changed applications
+(``max_surge_percent`` in a deployment's options makes new replicas start before old ones
+stop). Applying submits the config once the head is ready; the cluster's supervisor submits
+it again whenever Serve lacks it (a head that was not ready in time, a restarted head).
+Status is Serve's ``GET /api/serve/applications/``, dressed as a RayService status and read
+by :func:`~airflow_provider_raytpu.status.read_ray_service`, so RUNNING / DEPLOYING /
+FAILED mean the same as on Kubernetes; a version counts as running only once Serve's record
+of every application (``deployed_app_config``) is the spec's. Reading status writes nothing.
 
 Locally the Serve HTTP proxy runs on the head only (``proxy_location: HeadOnly``: every
 emulated host is on this machine) and listens on a free port chosen once per service.
-
-:class:`LocalServices` uses only the local backend's public methods (``home``,
-``apply_cluster``, ``get_cluster``, ``delete_cluster``, ``cluster_status``,
-``diagnose``, ``dashboard``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.backends.apply import apply_object, same_service, same_spec
 from airflow_provider_raytpu.backends.base import ApplyResult, ServiceBackend, service_config_problems
-from airflow_provider_raytpu.backends.local.process import file_lock, free_port, read_json, write_json_atomic
+from airflow_provider_raytpu.backends.local.process import free_port, read_json, write_json_atomic
+from airflow_provider_raytpu.backends.local.serve_sync import (
+    SERVE_STATE_FILE,
+    SERVICE_FILE,
+    service_lock,
+    sync_serve_config,
+)
 from airflow_provider_raytpu.backends.local.state import service_dir, stored_form
-from airflow_provider_raytpu.backends.serve_api import SERVE_APPLICATIONS_ENDPOINT, serve_details
+from airflow_provider_raytpu.backends.serve_api import serve_details
 from airflow_provider_raytpu.backends.transport import DirectTransport, HttpTransport
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.manifests.rayservice import ray_cluster_of
@@ -47,12 +50,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SERVICE_FILE = "rayservice.json"
-SERVE_STATE_FILE = "serve.json"
 CLUSTER_SUFFIX = "-local"
 HEAD_WAIT_SECONDS = 180.0
 SERVE_POLL_SECONDS = 1.0
-PICKUP_SECONDS = 5.0
 
 
 def local_cluster_name(service_name: str) -> str:
@@ -103,12 +103,6 @@ class LocalServices(ServiceBackend):
         """Where the RayService is recorded (whether or not it exists)."""
         return service_dir(self.backend.home, name, namespace)
 
-    @contextlib.contextmanager
-    def _service_lock(self, name: str, namespace: str) -> Iterator[None]:
-        path = self.service_dir(name, namespace)
-        with file_lock(path.parent / f".{path.name}.lock"):
-            yield
-
     def _stored(self, name: str, namespace: str) -> dict[str, Any] | None:
         return read_json(self.service_dir(name, namespace) / SERVICE_FILE)
 
@@ -120,7 +114,7 @@ class LocalServices(ServiceBackend):
     def apply_service(self, manifest: dict[str, Any]) -> ApplyResult:
         name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
         path = self.service_dir(name, namespace)
-        with self._service_lock(name, namespace):
+        with service_lock(path):
             applied = apply_object(_ServiceFiles(path), manifest, same=same_service, update=True)
             stored = applied.cluster
             state = self._serve_state(name, namespace)
@@ -129,28 +123,31 @@ class LocalServices(ServiceBackend):
             cluster = ray_cluster_of(stored, local_cluster_name(name))
             # A changed rayClusterConfig (image, resources, slice) restarts the local cluster.
             self.backend.apply_cluster(cluster, update_if_exists=True)
-        self._wait_for_head(name, namespace)
-        self._reconcile(name, namespace)
+            if self._wait_for_head(name, namespace):
+                sync_serve_config(path, self.backend.dashboard(local_cluster_name(name), namespace))
         return ApplyResult(applied.action, self.get_service(name, namespace) or stored)
 
-    def _wait_for_head(self, name: str, namespace: str, timeout: float = HEAD_WAIT_SECONDS) -> None:
+    def _wait_for_head(self, name: str, namespace: str, timeout: float = HEAD_WAIT_SECONDS) -> bool:
         """Wait (bounded) until the cluster's head is ready, so the Serve config can be PUT now.
 
-        If it is not ready in time, the next status read submits the config (as KubeRay's
-        next reconcile would).
+        If it is not ready in time, the cluster's supervisor submits the config once it is
+        (as KubeRay's next reconcile would).
         """
         deadline = time.monotonic() + timeout
         cluster = local_cluster_name(name)
         while time.monotonic() < deadline:
             status = self.backend.cluster_status(cluster, namespace)
-            if status.head_ready or status.phase in (Phase.FAILED, Phase.GONE):
-                return
+            if status.head_ready:
+                return True
+            if status.phase in (Phase.FAILED, Phase.GONE):
+                return False
             time.sleep(0.5)
-        log.warning("The head of local RayCluster %s/%s is not ready after %.0f s; the Serve config is "
-                    "submitted once it is", namespace, cluster, timeout)
+        log.warning("The head of local RayCluster %s/%s is not ready after %.0f s; its supervisor submits the "
+                    "Serve config once it is", namespace, cluster, timeout)
+        return False
 
     def delete_service(self, name: str, namespace: str) -> bool:
-        with self._service_lock(name, namespace):
+        with service_lock(self.service_dir(name, namespace)):
             stored = self._stored(name, namespace)
             cluster_gone = not self.backend.delete_cluster(local_cluster_name(name), namespace)
             shutil.rmtree(self.service_dir(name, namespace), ignore_errors=True)
@@ -173,71 +170,6 @@ class LocalServices(ServiceBackend):
         if dashboard is None:
             return None
         return serve_details(dashboard, f"local RayService {namespace}/{name}")
-
-    def _submit_config(self, stored: dict[str, Any], serve_port: int) -> dict[str, Any]:
-        """The Serve config KubeRay would PUT, with a local HTTP proxy on the head only."""
-        config = parse_serve_config((stored.get("spec") or {}).get("serveConfigV2"))
-        http_options = dict(config.get("http_options") or {})
-        http_options.update({"host": "127.0.0.1", "port": serve_port})
-        return {**config, "http_options": http_options, "proxy_location": "HeadOnly"}
-
-    def _reconcile(self, name: str, namespace: str) -> None:
-        """PUT the spec's Serve config when Serve has not got it yet (or lost it), like KubeRay's reconcile."""
-        with self._service_lock(name, namespace):
-            stored = self._stored(name, namespace)
-            if stored is None:
-                return
-            state = self._serve_state(name, namespace)
-            generation = stored["metadata"]["generation"]
-            dashboard = self._dashboard(name, namespace)
-            if dashboard is None:
-                return
-            if state.get("submitted_generation") == generation:
-                details = self.serve_details(name, namespace)
-                if details is None or (details.get("applications") or {}):
-                    return
-                log.info("Serve on local RayService %s/%s has no applications (head restarted?); submitting again",
-                         namespace, name)
-            config = self._submit_config(stored, int(state["serve_port"]))
-            before = self._app_states(name, namespace)
-            try:
-                answer = dashboard.request("PUT", SERVE_APPLICATIONS_ENDPOINT, json=config, timeout=60)
-            except OSError as exc:  # the dashboard restarts: the next status read submits again
-                log.warning("Could not submit the Serve config of local RayService %s/%s: %s", namespace, name, exc)
-                return
-            if answer.status == 200:
-                self._await_pickup(name, namespace, [a.get("name") for a in config.get("applications") or []], before)
-            if answer.status != 200:
-                # Serve refused the config (e.g. an invalid field): record it as a failed deploy.
-                state["submit_error"] = answer.text(2000)
-                log.warning("Serve refused the config of local RayService %s/%s (%s): %s", namespace, name, answer.status,
-                            state["submit_error"])
-            else:
-                state.pop("submit_error", None)
-                log.info("Submitted the Serve config of local RayService %s/%s (generation %s)", namespace, name,
-                         generation)
-            state["submitted_generation"] = generation
-            write_json_atomic(self.service_dir(name, namespace) / SERVE_STATE_FILE, state)
-
-    def _app_states(self, name: str, namespace: str) -> dict[str, tuple[str, str]]:
-        details = self.serve_details(name, namespace) or {}
-        return {app: (info.get("status", ""), info.get("message", ""))
-                for app, info in (details.get("applications") or {}).items()}
-
-    def _await_pickup(self, name: str, namespace: str, apps: list[Any], before: dict[str, tuple[str, str]],
-                      timeout: float = PICKUP_SECONDS) -> None:
-        """Wait until Serve's controller has taken up a config it accepted.
-
-        Serve stores a PUT config at once but changes the applications' status in its next
-        control loop, so until then the previous config's status (RUNNING, or DEPLOY_FAILED
-        of a broken version) would be read as the new one's.
-        """
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            now = self._app_states(name, namespace)
-            if all(app in now and now[app] != before.get(app) for app in apps):
-                return
-            time.sleep(0.1)
 
     # -- status -------------------------------------------------------------------------------
 
@@ -288,7 +220,6 @@ class LocalServices(ServiceBackend):
         return self._synthesise(name, namespace)[0]
 
     def service_status(self, name: str, namespace: str, version: str | None = None) -> ServiceStatus:
-        self._reconcile(name, namespace)
         service, active, applications = self._synthesise(name, namespace)
         if service is not None and active is None:
             status = read_ray_service(service, version=version)
@@ -305,7 +236,7 @@ class LocalServices(ServiceBackend):
         """Yield the status now and whenever it changes.
 
         There is no watch API locally: Serve's REST API is polled every
-        ``min(poll_interval, 1)`` seconds; each poll also submits a config Serve lacks.
+        ``min(poll_interval, 1)`` seconds.
         """
         interval = min(poll_interval, SERVE_POLL_SECONDS)
         last: ServiceStatus | None = None

@@ -15,6 +15,9 @@ cluster outlives the Airflow task that made it. The supervisor
 - publishes what it sees to ``state.json`` (atomically, only when it changes; the contract is
   in :mod:`airflow_provider_raytpu.backends.local.state`); a host is ready only once its
   raylet is registered ALIVE in the GCS (one cheap ``GcsClient`` call);
+- for the cluster of a RayService, stands in for KubeRay's RayService controller: while the
+  head runs, it PUTs the service's Serve config whenever Serve lacks it (a restarted head
+  starts with an empty Serve; :mod:`airflow_provider_raytpu.backends.local.serve_sync`);
 - on SIGTERM stops exactly its own processes and exits. It is a session leader and every
   process it starts inherits the environment variable
   :data:`~airflow_provider_raytpu.backends.local.process.CLUSTER_MARKER_ENV` = the
@@ -26,8 +29,8 @@ cluster outlives the Airflow task that made it. The supervisor
 Two knobs, read from the environment of the process that applies the cluster (the
 supervisor inherits it): ``RAYTPU_LOCAL_START_TIMEOUT`` (seconds a node may take to
 register, default 180) and ``RAYTPU_LOCAL_MAX_FAILED_STARTS`` (failed starts in a row
-before the head or a slice is FAILED, default 3). The module imports Ray only for
-``GcsClient``, once the head runs.
+before the head or a slice is FAILED, default 3). Ray is imported only for ``GcsClient``,
+once the head runs.
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_raytpu.backends.local.gcs import Gcs, dashboard_ready
 from airflow_provider_raytpu.backends.local.nodes import (
     Node,
     SliceRun,
@@ -52,16 +55,16 @@ from airflow_provider_raytpu.backends.local.nodes import (
     enable_parent_death_signal,
     stop_nodes,
 )
-from airflow_provider_raytpu.backends.local.plan import LABEL_SLICE_NAME, plan_cluster
+from airflow_provider_raytpu.backends.local.plan import plan_cluster
 from airflow_provider_raytpu.backends.local.process import (
     CLUSTER_MARKER_ENV,
     free_port,
-    port_open,
     ray_process_env,
     read_json,
     utc_now,
     write_json_atomic,
 )
+from airflow_provider_raytpu.backends.local.serve_sync import keep_serve_config, service_dir_of
 from airflow_provider_raytpu.backends.local.state import (
     LOGS_DIR,
     MANIFEST_FILE,
@@ -69,12 +72,14 @@ from airflow_provider_raytpu.backends.local.state import (
     STATE_FILE,
     STATE_VERSION,
 )
+from airflow_provider_raytpu.backends.transport import DirectTransport
 
 log = logging.getLogger("airflow_provider_raytpu.local_supervisor")
 
 READY_CHECK_SECONDS = 2.0
 START_TIMEOUT_SECONDS = float(os.environ.get("RAYTPU_LOCAL_START_TIMEOUT", "180"))
 MAX_FAILED_STARTS = int(os.environ.get("RAYTPU_LOCAL_MAX_FAILED_STARTS", "3"))
+SERVE_CHECK_SECONDS = 5.0
 
 
 class Supervisor:
@@ -107,10 +112,13 @@ class Supervisor:
         self.failure: dict[str, str] | None = None
         self.phase = "starting"
         self.stop_requested = False
-        self.gcs: Any = None
+        self.gcs = Gcs()
         self.last_ready_check = 0.0
         self.last_written: str | None = None
         self.base_env = ray_process_env(self.incarnation)
+        self.service_dir = service_dir_of(state_dir, manifest)
+        self.serve_check: threading.Thread | None = None
+        self.next_serve_check = 0.0
 
     # -- state --------------------------------------------------------------------------------
 
@@ -156,57 +164,9 @@ class Supervisor:
         stopped = stop_nodes(nodes, self.incarnation, why)
         # A raylet that was SIGKILLed cannot unregister; until the GCS's health checks notice,
         # its node would look ALIVE and draw placements. Tell the GCS now.
-        self.drain([n.node_id for n in stopped if n.node_id])
+        self.gcs.drain([n.node_id for n in stopped if n.node_id])
         for node in stopped:
             node.node_id = None
-
-    def drain(self, node_ids: list[str]) -> None:
-        """Mark nodes dead in the GCS (no-op for nodes it already knows are dead)."""
-        if not node_ids or self.gcs is None:
-            return
-        try:
-            self.gcs.drain_nodes([bytes.fromhex(i) for i in node_ids], timeout=5)
-        except Exception as exc:  # noqa: BLE001 - the health checks will get there anyway
-            log.info("could not drain %s in the GCS: %s", node_ids, exc)
-
-    # -- the GCS ------------------------------------------------------------------------------
-
-    def alive_nodes(self) -> dict[int, tuple[str, str]] | None:
-        """ALIVE nodes in the GCS: node manager port -> (node id, slice name label).
-
-        ``None`` if the GCS does not answer.
-        """
-        if self.gcs is None:
-            if not port_open(self.gcs_port):
-                return None
-            from ray._raylet import GcsClient
-
-            try:
-                self.gcs = GcsClient(address=self.gcs_address)
-            except Exception as exc:  # noqa: BLE001 - any failure means "not reachable yet"
-                log.info("GCS at %s not reachable yet: %s", self.gcs_address, exc)
-                return None
-        try:
-            infos = self.gcs.get_all_node_info(timeout=2)
-        except Exception as exc:  # noqa: BLE001
-            log.info("GCS query failed: %s", exc)
-            return None
-        return {
-            info.node_manager_port: (info.node_id.hex(), info.labels.get(LABEL_SLICE_NAME, ""))
-            for info in infos.values()
-            if info.state == 0
-        }
-
-    def dashboard_ready(self) -> bool:
-        base = f"http://127.0.0.1:{self.dashboard_port}"
-        for path in ("/api/gcs_healthz", "/api/jobs/"):
-            try:
-                with urllib.request.urlopen(base + path, timeout=2) as answer:
-                    if answer.status != 200:
-                        return False
-            except (urllib.error.URLError, OSError, ValueError):
-                return False
-        return True
 
     # -- reconciliation -----------------------------------------------------------------------
 
@@ -221,7 +181,8 @@ class Supervisor:
         for node in (n for s in self.slices for n in s.nodes):
             node.ready = False
         self.publish()  # watchers see the cluster leave READY before the (slow) stop
-        self.gcs = None  # the GCS went with the head: nothing to tell it
+        self.gcs.forget()  # the GCS went with the head: nothing to tell it
+        self.next_serve_check = 0.0  # a new head starts with an empty Serve
         self.stop_nodes([n for s in self.slices for n in s.nodes] + [self.head], why)
         self.head.message = why
         self.head_dashboard_ok = False
@@ -273,10 +234,10 @@ class Supervisor:
         if not head.ready or now - self.last_ready_check >= READY_CHECK_SECONDS or any(
             not n.ready for s in self.slices for n in s.nodes if n.proc is not None
         ):
-            alive = self.alive_nodes()
+            alive = self.gcs.alive_nodes(self.gcs_port)
             self.last_ready_check = now
         if not head.ready:
-            if alive and head.node_manager_port in alive and (self.head_dashboard_ok or self.dashboard_ready()):
+            if alive and head.node_manager_port in alive and (self.head_dashboard_ok or dashboard_ready(self.dashboard_port)):
                 head.ready, head.node_id, head.message = True, alive[head.node_manager_port][0], "ready"
                 self.head_dashboard_ok = True
                 self.phase = "running"
@@ -318,7 +279,7 @@ class Supervisor:
             stale = [node_id for port, (node_id, slice_) in alive.items() if slice_ == run.name and port not in ours]
             if stale:
                 # An earlier incarnation of this slice still looks alive: not ready until the GCS drops it.
-                self.drain(stale)
+                self.gcs.drain(stale)
                 run.message = f"waiting for the GCS to drop {len(stale)} dead host(s) of the previous slice"
                 for node in run.nodes:
                     if node.ready:
@@ -329,6 +290,23 @@ class Supervisor:
                 run.status, run.message, run.became_ready, run.failed_starts = "ready", "ready", True, 0
             elif now - min(n.started_mono for n in run.nodes) > START_TIMEOUT_SECONDS:
                 self.slice_down(run, f"not all hosts were ready within {START_TIMEOUT_SECONDS:.0f} s")
+
+    def keep_serve_config(self) -> None:
+        """The cluster of a RayService: while the head runs, have Serve hold the service's config.
+
+        Every :data:`SERVE_CHECK_SECONDS` (and at once when the head is ready again) a thread
+        PUTs the config if Serve lacks it, as KubeRay's reconcile does; the loop never waits
+        for Serve.
+        """
+        if self.service_dir is None or not self.head.ready or time.monotonic() < self.next_serve_check:
+            return
+        if self.serve_check is not None and self.serve_check.is_alive():
+            return
+        self.next_serve_check = time.monotonic() + SERVE_CHECK_SECONDS
+        dashboard = DirectTransport(f"http://127.0.0.1:{self.dashboard_port}")
+        self.serve_check = threading.Thread(target=keep_serve_config, args=(self.service_dir, dashboard),
+                                            name="serve-config", daemon=True)
+        self.serve_check.start()
 
     # -- main loop ----------------------------------------------------------------------------
 
@@ -351,6 +329,7 @@ class Supervisor:
                     break
                 self.reconcile()
                 self.publish()
+                self.keep_serve_config()
                 time.sleep(POLL_SECONDS)
         except Exception:
             log.exception("supervisor failed")
