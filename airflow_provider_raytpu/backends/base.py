@@ -167,3 +167,14 @@ class ClusterBackend(abc.ABC):
     @abc.abstractmethod
     async def adiagnose(self, name: str, namespace: str) -> str:
         """:meth:`diagnose` without blocking the event loop."""
+
+
+def backend_for(settings: ConnectionSettings) -> ClusterBackend:
+    """The backend a connection names; its module is imported only now, so DAG parsing stays cheap."""
+    if settings.backend == "local":
+        from airflow_provider_raytpu.backends.local import LocalBackend
+
+        return LocalBackend(settings)
+    from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
+
+    return KubeRayBackend(settings)

@@ -18,17 +18,6 @@ class ConnectionNotFoundError(FatalError):
     """The ``raytpu`` connection does not exist."""
 
 
-def backend_for(settings: ConnectionSettings) -> ClusterBackend:
-    """The backend a connection names; imported only now, so DAG parsing stays cheap."""
-    if settings.backend == "local":
-        from airflow_provider_raytpu.backends.local import LocalBackend
-
-        return LocalBackend(settings)
-    from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
-
-    return KubeRayBackend(settings)
-
-
 class RayTpuHook(BaseHook):
     """Reads a ``raytpu`` connection and hands out the backend it names.
 
@@ -72,9 +61,13 @@ class RayTpuHook(BaseHook):
 
     @cached_property
     def backend(self) -> ClusterBackend:
+        from airflow_provider_raytpu.backends.base import backend_for
+
         return backend_for(self.settings)
 
     async def abackend(self) -> ClusterBackend:
+        from airflow_provider_raytpu.backends.base import backend_for
+
         return backend_for(await self.asettings())
 
     def test_connection(self) -> tuple[bool, str]:

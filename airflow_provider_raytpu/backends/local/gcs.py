@@ -14,7 +14,7 @@ from typing import Any
 from airflow_provider_raytpu.backends.local.plan import LABEL_SLICE_NAME
 from airflow_provider_raytpu.backends.local.process import port_open
 
-log = logging.getLogger("airflow_provider_raytpu.local_supervisor")
+log = logging.getLogger(__name__)
 
 
 class Gcs:

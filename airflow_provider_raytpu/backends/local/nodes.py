@@ -25,7 +25,7 @@ from airflow_provider_raytpu.backends.local.process import (
     utc_now,
 )
 
-log = logging.getLogger("airflow_provider_raytpu.local_supervisor")
+log = logging.getLogger(__name__)
 
 OBJECT_STORE_BYTES = 150 * 1024 * 1024
 STOP_GRACE_SECONDS = 10.0

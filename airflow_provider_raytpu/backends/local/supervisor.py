@@ -237,7 +237,9 @@ class Supervisor:
             alive = self.gcs.alive_nodes(self.gcs_port)
             self.last_ready_check = now
         if not head.ready:
-            if alive and head.node_manager_port in alive and (self.head_dashboard_ok or dashboard_ready(self.dashboard_port)):
+            if alive and head.node_manager_port in alive and (
+                self.head_dashboard_ok or dashboard_ready(self.dashboard_port)
+            ):
                 head.ready, head.node_id, head.message = True, alive[head.node_manager_port][0], "ready"
                 self.head_dashboard_ok = True
                 self.phase = "running"
@@ -351,7 +353,8 @@ class Supervisor:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print(f"usage: python -m {__spec__.name if __spec__ else 'local_supervisor'} <state-dir>", file=sys.stderr)
+        module = __spec__.name if __spec__ else "airflow_provider_raytpu.backends.local.supervisor"
+        print(f"usage: python -m {module} <state-dir>", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     return Supervisor(Path(args[0]).resolve()).run()
