@@ -147,38 +147,72 @@ def check_batches(num_rows: int, batch_size: int, num_workers: int, policy: str)
     return plan
 
 
-def _collate(batch_size: int, pad: bool, pad_value: float, columns: list[str] | None) -> Any:
-    """A Ray Data collate function: keep ``columns``, stack list columns, and under "pad" pad and mask."""
+def collate(
+    batch: dict[str, Any], batch_size: int, pad: bool, pad_value: float, columns: list[str] | None
+) -> dict[str, Any]:
+    """Keep ``columns``, stack list columns, and under "pad" pad a short batch and add the mask column.
+
+    :param batch: one numpy batch from Ray Data (column name -> array).
+    :param batch_size: rows per batch on this worker (the size a short batch is padded to).
+    :param pad: whether the policy is ``"pad"``.
+    :param pad_value: the value of padded rows in the data columns.
+    :param columns: the columns to keep, in this order (all when None).
+    """
     import numpy as np
+
+    if pad and MASK_COLUMN in batch and (columns is None or MASK_COLUMN in columns):
+        raise ValueError(
+            f"the dataset already has a {MASK_COLUMN!r} column; drop or rename it to use ragged_policy='pad'"
+        )
+    if columns is not None:
+        missing = [c for c in columns if c not in batch]
+        if missing:
+            raise KeyError(f"columns {missing} are not in the dataset (it has {sorted(batch)})")
+        batch = {c: batch[c] for c in columns}
+    out: dict[str, Any] = {}
+    rows = 0
+    for name, column in batch.items():
+        if column.dtype == object:  # a list column read back from parquet
+            column = np.stack(list(column))
+        rows = len(column)
+        short = batch_size - rows
+        if pad and short > 0:
+            padding = np.full((short,) + column.shape[1:], pad_value, dtype=column.dtype)
+            column = np.concatenate([column, padding])
+        out[name] = column
+    if pad:
+        out[MASK_COLUMN] = np.arange(batch_size) < rows
+    return out
+
+
+def _collate_fn(batch_size: int, pad: bool, pad_value: float, columns: list[str] | None) -> Any:
+    """:func:`collate` as the collate function Ray's ``iter_jax_batches`` takes."""
     from ray.data.collate_fn import NumpyBatchCollateFn
 
     class SelectPadMask(NumpyBatchCollateFn):
-        def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            if pad and MASK_COLUMN in batch and (columns is None or MASK_COLUMN in columns):
-                raise ValueError(
-                    f"the dataset already has a {MASK_COLUMN!r} column; drop or rename it to use ragged_policy='pad'"
-                )
-            if columns is not None:
-                missing = [c for c in columns if c not in batch]
-                if missing:
-                    raise KeyError(f"columns {missing} are not in the dataset (it has {sorted(batch)})")
-                batch = {c: batch[c] for c in columns}
-            out: dict[str, np.ndarray] = {}
-            rows = 0
-            for name, column in batch.items():
-                if column.dtype == object:  # a list column read back from parquet
-                    column = np.stack(list(column))
-                rows = len(column)
-                short = batch_size - rows
-                if pad and short > 0:
-                    padding = np.full((short,) + column.shape[1:], pad_value, dtype=column.dtype)
-                    column = np.concatenate([column, padding])
-                out[name] = column
-            if pad:
-                out[MASK_COLUMN] = np.arange(batch_size) < rows
-            return out
+        def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+            return collate(batch, batch_size, pad, pad_value, columns)
 
     return SelectPadMask()
+
+
+def _effective_dtypes(policy: str, dtypes: Any, columns: list[str] | None) -> Any:
+    """The ``dtypes`` the arrays are made with: under "pad" the mask stays boolean unless one dtype casts all."""
+    if policy == "pad":
+        if isinstance(dtypes, dict):
+            return {**dtypes, MASK_COLUMN: bool}
+        if dtypes is not None and columns is not None:
+            return {**{c: dtypes for c in columns}, MASK_COLUMN: bool}
+    return dtypes
+
+
+def _short_batch_error(index: int, rows: int, batch_size: int, processes: int) -> RaggedBatchError:
+    return RaggedBatchError(
+        f"batch {index} has {rows} rows per worker, not batch_size={batch_size} "
+        f"({processes} workers): the data does not split into full batches and "
+        "ragged_policy='raise'. Use 'drop' or 'pad', or resize the dataset; "
+        "check_batches() on the driver catches this before training starts."
+    )
 
 
 def iter_batches(
@@ -191,8 +225,14 @@ def iter_batches(
     pad_value: float = 0,
     columns: list[str] | None = None,
     synchronize: bool | None = None,
+    fast_path: bool = True,
 ) -> Iterator[Any]:
     """Iterate a Ray Data shard as global JAX batches, handling the short last batch by ``policy``.
+
+    The arrays are those of Ray's ``iter_jax_batches`` (sharded over Ray's 1-D ``data``
+    mesh of all devices). On a single JAX process they are made by a faster path with the
+    same output (see :mod:`.batch_transfer`); with several processes (a multi-host slice)
+    Ray's own path runs, whose ``synchronize`` step agrees batch counts across hosts.
 
     :param data: a ``DataIterator`` (``ray.train.get_dataset_shard(name)``) or a ``Dataset``.
     :param batch_size: rows per batch on this worker.
@@ -207,28 +247,32 @@ def iter_batches(
         cannot become JAX arrays, so name the numeric ones).
     :param synchronize: agree batch counts and shapes across hosts (needed when hosts'
         shards can differ); by default on whenever there is more than one JAX process.
+    :param fast_path: False always uses Ray's ``iter_jax_batches`` (same arrays, slower).
     """
     if policy not in POLICIES:
         raise ValueError(f"ragged_policy={policy!r} is not one of {', '.join(POLICIES)}")
     import jax
 
+    from airflow_provider_raytpu.workloads.batch_transfer import ray_conversion
+
     processes = jax.process_count()
+    conversion = ray_conversion() if fast_path and processes == 1 else None
+    effective = _effective_dtypes(policy, dtypes, columns)
+    if conversion is not None:
+        yield from _fast_batches(data, batch_size, policy, effective, prefetch_batches, pad_value, columns, conversion)
+        return
     sync = processes > 1 if synchronize is None else synchronize
     options: dict[str, Any] = {
         "batch_size": batch_size,
-        "dtypes": dtypes,
+        "dtypes": effective,
         "prefetch_batches": prefetch_batches,
         "synchronize_batches": sync,
-        "collate_fn": _collate(batch_size, policy == "pad", pad_value, columns),
+        "collate_fn": _collate_fn(batch_size, policy == "pad", pad_value, columns),
     }
     if policy == "drop":
         yield from data.iter_jax_batches(drop_last=True, **options)
         return
     if policy == "pad":
-        if isinstance(dtypes, dict):
-            options["dtypes"] = {**dtypes, MASK_COLUMN: bool}
-        elif dtypes is not None and columns is not None:
-            options["dtypes"] = {**{c: dtypes for c in columns}, MASK_COLUMN: bool}
         # Our collate pads each short batch (mask False); Ray's paddings only fill whole
         # dummy batches for a host that ran out early, where 0 makes the mask False too.
         yield from data.iter_jax_batches(paddings=0, **options)
@@ -238,10 +282,48 @@ def iter_batches(
         arrays = batch.values() if isinstance(batch, dict) else [batch]
         rows = next(iter(arrays)).shape[0]
         if rows != expected:
-            raise RaggedBatchError(
-                f"batch {index} has {rows // processes} rows per worker, not batch_size={batch_size} "
-                f"({processes} workers): the data does not split into full batches and "
-                "ragged_policy='raise'. Use 'drop' or 'pad', or resize the dataset; "
-                "check_batches() on the driver catches this before training starts."
-            )
+            raise _short_batch_error(index, rows // processes, batch_size, processes)
         yield batch
+
+
+def _fast_batches(
+    data: Any,
+    batch_size: int,
+    policy: str,
+    dtypes: Any,
+    prefetch_batches: int,
+    pad_value: float,
+    columns: list[str] | None,
+    conversion: tuple[Any, Any],
+) -> Iterator[dict[str, Any]]:
+    """One JAX process: numpy batches from Ray Data, our collate, then :class:`.BatchTransfer`.
+
+    Mirrors Ray's single-process path (``ray/data/iterator.py`` ``iter_jax_batches`` and
+    ``ray/data/util/jax_util.py`` ``_yield_batches_no_sync``), where ``synchronize`` has
+    no effect either.
+    """
+    import jax
+
+    from airflow_provider_raytpu.workloads.batch_transfer import BatchTransfer
+
+    devices = jax.local_device_count()
+    if batch_size <= 0 or batch_size % devices != 0:  # Ray's check and message (iterator.py)
+        raise ValueError(
+            f"The provided batch_size ({batch_size}) must be a positive integer "
+            f"evenly divisible by the number of local JAX devices ({devices}) on this host."
+        )
+    make_sharding, one_by_one = conversion
+    transfer = BatchTransfer(make_sharding(), dtypes, one_by_one)
+    pad = policy == "pad"
+    index = 0
+    for numpy_batch in data.iter_batches(
+        batch_size=batch_size, batch_format="numpy", prefetch_batches=prefetch_batches, drop_last=policy == "drop"
+    ):
+        batch = collate(numpy_batch, batch_size, pad, pad_value, columns)
+        rows = len(next(iter(batch.values()))) if batch else 0
+        if rows == 0:  # Ray skips empty batches (_yield_batches_no_sync)
+            continue
+        if rows != batch_size:  # only "raise" sees a short batch here
+            raise _short_batch_error(index, rows, batch_size, 1)
+        yield transfer(batch)
+        index += 1

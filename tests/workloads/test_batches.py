@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from typing import Any
+
 import numpy as np
 import pytest
 
 from airflow_provider_raytpu.workloads.batches import MASK_COLUMN, RaggedBatchError, check_batches, iter_batches
+from tests.workloads.batches_four_devices import CASES, DEVICES, NUMERIC, TEXT_COLUMNS
+from tests.workloads.conftest import REPO, driver_env
 from tests.workloads.ray_slice import EmulatedSlice
 
 
@@ -105,3 +112,43 @@ def test_iter_batches_pad_refuses_an_existing_mask_column(ray_client: EmulatedSl
     data = ray.data.from_items([{"y": 1.0, MASK_COLUMN: True}] * 3)
     with pytest.raises(Exception, match="already has a 'mask' column"):
         collect(iter_batches(data, 2, "pad"))
+
+
+@pytest.fixture(scope="module")
+def four_devices(ray_slice: EmulatedSlice) -> dict[str, dict[str, Any]]:
+    """Every case of ``batches_four_devices`` run through both paths in a process with 4 JAX CPU devices.
+
+    XLA_FLAGS must be set before JAX is imported, hence a process of its own.
+    """
+    env = {**driver_env(ray_slice), "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES}",
+           "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "tests.workloads.batches_four_devices"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    prefix = "RAYTPU_CASE "
+    return {r["case"]: r for r in (json.loads(line[len(prefix):]) for line in proc.stdout.splitlines()
+                                   if line.startswith(prefix))}
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(("case", "dataset", "policy", "dtypes", "with_columns"), CASES, ids=[c[0] for c in CASES])
+def test_fast_path_makes_rays_arrays_on_four_devices(
+    four_devices: dict[str, dict[str, Any]], case: str, dataset: str, policy: str, dtypes: str, with_columns: bool
+) -> None:
+    """Same arrays bit for bit (dtype, shape, sharding, rows per device) and the same errors as iter_jax_batches."""
+    result = four_devices[case]
+    assert result["problems"] == []
+    if dtypes == "dict_missing":  # Ray's KeyError for a column dtypes does not name
+        assert (result["fast_error"], result["ray_error"], result["batches"]) == ("KeyError", "KeyError", 0)
+        return
+    columns = TEXT_COLUMNS if with_columns else NUMERIC
+    assert result["columns"] == columns + ([MASK_COLUMN] if policy == "pad" else [])
+    assert result["batches"] == {"drop": 3, "pad": 4, "raise": 3}[policy]
+    if policy == "raise":  # the short 4th batch: 6 rows (not a multiple of 4 devices) or 4 rows
+        assert result["fast_error"] == "RaggedBatchError"
+        assert result["ray_error"] == ("RaggedBatchError" if with_columns else "ValueError")
+        assert f"batch 3 has {4 if with_columns else 6} rows per worker" in result["fast_message"]
+    else:
+        assert result["fast_error"] is None and result["ray_error"] is None
+    if dtypes == "one":  # one dtype casts every column; the mask stays boolean only when columns are named
+        assert result["dtypes"] == (["bfloat16", "bool"] if policy == "pad" and with_columns else ["bfloat16"])
