@@ -20,6 +20,7 @@ Slicing is exact and ``astype`` inside ``jit`` is the same XLA conversion as Ray
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable
 from typing import Any
 
@@ -66,7 +67,6 @@ class BatchTransfer:
         self._dtypes = dtypes
         self._one_by_one = convert_one_by_one
         self._processes = jax.process_count()
-        self._splitters: dict[Hashable, Any] = {}
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         if not self._convertible(batch):  # Ray's converter raises Ray's own error for it
@@ -74,9 +74,12 @@ class BatchTransfer:
         return self._convert(batch)
 
     def _convertible(self, batch: dict[str, np.ndarray]) -> bool:
-        """Numbers and booleans only, and a dtype for every column when ``dtypes`` is a dict."""
+        """Numbers and booleans only, and a (hashable) dtype for every column when ``dtypes`` is a dict."""
         if isinstance(self._dtypes, dict) and any(name not in self._dtypes for name in batch):
             return False
+        if not all(isinstance(d, Hashable) for d in (self._dtypes.values() if isinstance(self._dtypes, dict)
+                                                     else [self._dtypes])):
+            return False  # the cached split function is looked up by dtype
         issubdtype = self._jax.dtypes.issubdtype
         return all(issubdtype(c.dtype, np.number) or c.dtype == np.bool_ for c in batch.values())
 
@@ -103,28 +106,34 @@ class BatchTransfer:
         to_cast = [(name, array) for name, array in zip(alone, arrays[len(stacks):]) if casts[name] is not None]
         out = dict(zip(alone, arrays[len(stacks):]))
         if stacks or to_cast:
-            key = (tuple(tuple(m) for m in stacks), tuple(name for name, _ in to_cast),
-                   tuple((name, casts[name]) for name in names))
-            split = self._splitters.get(key)
-            if split is None:
-                split = self._splitters[key] = self._splitter(stacks, [name for name, _ in to_cast], casts)
+            split = _splitter(self._sharding, tuple(tuple(m) for m in stacks), tuple(name for name, _ in to_cast),
+                              tuple(casts.items()))
             out.update(split(to_split, tuple(array for _, array in to_cast)))
         return {name: out[name] for name in names}
 
-    def _splitter(self, stacks: list[list[str]], cast_names: list[str], casts: dict[str, Any]) -> Any:
-        """One jitted function: stacked arrays back to columns, and every ``dtypes`` cast."""
 
-        def split(stacked: tuple[Any, ...], to_cast: tuple[Any, ...]) -> dict[str, Any]:
-            out = {}
-            for members, array in zip(stacks, stacked):
-                for index, name in enumerate(members):
-                    out[name] = array[:, index]
-            for name, array in zip(cast_names, to_cast):
-                out[name] = array
-            # Ray: physical_array.astype(dtype) when a dtype is given (jax_util.py).
-            return {name: (a if casts[name] is None else a.astype(casts[name])) for name, a in out.items()}
+@functools.lru_cache(maxsize=64)
+def _splitter(
+    sharding: Any, stacks: tuple[tuple[str, ...], ...], cast_names: tuple[str, ...], casts: tuple[tuple[str, Any], ...]
+) -> Any:
+    """One jitted function: stacked arrays back to columns, and every ``dtypes`` cast.
 
-        return self._jax.jit(split, out_shardings=self._sharding)
+    Cached across iterations (every epoch would otherwise compile it again).
+    """
+    import jax
+
+    dtype_of = dict(casts)
+
+    def split(stacked: tuple[Any, ...], to_cast: tuple[Any, ...]) -> dict[str, Any]:
+        out = {}
+        for members, array in zip(stacks, stacked):
+            for index, name in enumerate(members):
+                out[name] = array[:, index]
+        out.update(zip(cast_names, to_cast))
+        # Ray: physical_array.astype(dtype) when a dtype is given (jax_util.py).
+        return {name: (a if dtype_of[name] is None else a.astype(dtype_of[name])) for name, a in out.items()}
+
+    return jax.jit(split, out_shardings=sharding)
 
 
 def _is_canonical(dtype: np.dtype) -> bool:

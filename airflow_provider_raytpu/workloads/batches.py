@@ -253,10 +253,11 @@ def iter_batches(
         raise ValueError(f"ragged_policy={policy!r} is not one of {', '.join(POLICIES)}")
     import jax
 
+    from airflow_provider_raytpu.workloads import block_batches
     from airflow_provider_raytpu.workloads.batch_transfer import ray_conversion
 
     processes = jax.process_count()
-    conversion = ray_conversion() if fast_path and processes == 1 else None
+    conversion = ray_conversion() if fast_path and processes == 1 and block_batches.available() else None
     effective = _effective_dtypes(policy, dtypes, columns)
     if conversion is not None:
         yield from _fast_batches(data, batch_size, policy, effective, prefetch_batches, pad_value, columns, conversion)
@@ -296,7 +297,7 @@ def _fast_batches(
     columns: list[str] | None,
     conversion: tuple[Any, Any],
 ) -> Iterator[dict[str, Any]]:
-    """One JAX process: numpy batches from Ray Data, our collate, then :class:`.BatchTransfer`.
+    """One JAX process: Ray Data's numpy batches (:mod:`.block_batches`), our collate, then :class:`.BatchTransfer`.
 
     Mirrors Ray's single-process path (``ray/data/iterator.py`` ``iter_jax_batches`` and
     ``ray/data/util/jax_util.py`` ``_yield_batches_no_sync``), where ``synchronize`` has
@@ -305,6 +306,7 @@ def _fast_batches(
     import jax
 
     from airflow_provider_raytpu.workloads.batch_transfer import BatchTransfer
+    from airflow_provider_raytpu.workloads.block_batches import numpy_batches
 
     devices = jax.local_device_count()
     if batch_size <= 0 or batch_size % devices != 0:  # Ray's check and message (iterator.py)
@@ -316,9 +318,7 @@ def _fast_batches(
     transfer = BatchTransfer(make_sharding(), dtypes, one_by_one)
     pad = policy == "pad"
     index = 0
-    for numpy_batch in data.iter_batches(
-        batch_size=batch_size, batch_format="numpy", prefetch_batches=prefetch_batches, drop_last=policy == "drop"
-    ):
+    for numpy_batch in numpy_batches(data, batch_size, policy == "drop", prefetch_batches):
         batch = collate(numpy_batch, batch_size, pad, pad_value, columns)
         rows = len(next(iter(batch.values()))) if batch else 0
         if rows == 0:  # Ray skips empty batches (_yield_batches_no_sync)

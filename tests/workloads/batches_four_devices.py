@@ -28,13 +28,16 @@ SCALARS = [f"s{i}" for i in range(6)]  # small float32 columns: stacked into one
 NUMERIC = ["vec", *SCALARS, "n0", "n1", "f64", "i64", "flag", "big", "tokens"]
 TEXT_COLUMNS = ["vec", "s0", "s1", "tokens", "big"]  # selected from the dataset that also has a text column
 
-# (name, dataset, policy, dtypes, columns); dataset "numeric" has no text, "text" needs `columns`.
+TENSORS = [name for name in NUMERIC if name != "tokens"]  # Arrow blocks the fast path converts once and slices
+
+# (name, dataset, policy, dtypes, columns): "numeric" has a list column (its blocks take Ray's batcher),
+# "tensors" only sliceable columns, in two blocks, "text" needs `columns`.
 DTYPES = ("none", "one", "dict")
+DATASETS = {"numeric": False, "tensors": False, "text": True}  # dataset -> select TEXT_COLUMNS
 CASES: list[tuple[str, str, str, str, bool]] = [
-    (f"{policy}-dtypes_{dtypes}-{'columns' if columns else 'all_columns'}", "text" if columns else "numeric",
-     policy, dtypes, columns)
-    for policy, dtypes, columns in itertools.product(("drop", "pad", "raise"), DTYPES, (False, True))
-] + [("pad-dtypes_dict_missing_a_column-all_columns", "numeric", "pad", "dict_missing", False)]
+    (f"{policy}-dtypes_{dtypes}-{dataset}", dataset, policy, dtypes, DATASETS[dataset])
+    for policy, dtypes, dataset in itertools.product(("drop", "pad", "raise"), DTYPES, DATASETS)
+] + [("pad-dtypes_dict_missing_a_column-numeric", "numeric", "pad", "dict_missing", False)]
 
 
 def _row(i: int) -> dict[str, Any]:
@@ -102,7 +105,7 @@ def _compare_arrays(where: str, fast: Any, ray_: Any) -> list[str]:
 def compare(case: tuple[str, str, str, str, bool], datasets: dict[str, Any], calls: list[str]) -> dict[str, Any]:
     name, dataset, policy, dtypes_kind, with_columns = case
     columns = TEXT_COLUMNS if with_columns else None
-    dtypes = _dtypes(dtypes_kind, columns or NUMERIC)
+    dtypes = _dtypes(dtypes_kind, columns or (TENSORS if dataset == "tensors" else NUMERIC))
     calls.clear()
     fast, fast_error = _run(datasets[dataset], policy, dtypes, columns, fast=True)
     fast_calls = list(calls)
@@ -111,8 +114,14 @@ def compare(case: tuple[str, str, str, str, bool], datasets: dict[str, Any], cal
     problems = []
     # The fast path must not hand a batch to Ray's converter - except one that Ray must refuse.
     allowed = ["_convert_batch"] if dtypes_kind == "dict_missing" else []
-    if fast_calls != allowed or "iter_jax_batches" not in calls:
+    if [c for c in fast_calls if c != "next_batch"] != allowed or "iter_jax_batches" not in calls:
         problems.append(f"Ray's functions the fast path called: {fast_calls}; Ray's path: {sorted(set(calls))}")
+    # Only the batches that span two blocks (or are short) go through Ray's batcher.
+    batched, made = fast_calls.count("next_batch"), len(fast) + (policy == "raise")  # + the short batch refused
+    if dataset == "tensors" and not 0 < batched < made:
+        problems.append(f"Ray's batcher made {batched} of {made} batches from sliceable blocks")
+    if dataset != "tensors" and batched < made:
+        problems.append(f"Ray's batcher made {batched} of {made} batches, though the blocks have a list column")
     if len(fast) != len(ray_batches):
         problems.append(f"{len(fast)} batches on the fast path, {len(ray_batches)} on Ray's")
     for index, (f, r) in enumerate(zip(fast, ray_batches)):
@@ -156,7 +165,17 @@ def main() -> None:
             calls.append("_convert_batch")
             return one_by_one(*args, **kwargs)
 
-        ray_jax._convert_batch = counted_convert  # Ray's own path binds it at import: still counted there too
+        ray_jax._convert_batch = counted_convert  # Ray's path looks it up at call time: counted there too
+        from ray.data._internal.batcher import Batcher
+
+        next_batch = Batcher.next_batch
+
+        def counted_next_batch(self: Any) -> Any:
+            if self._batch_size is not None:  # not the whole-block batcher under iter_batches(batch_size=None)
+                calls.append("next_batch")
+            return next_batch(self)
+
+        Batcher.next_batch = counted_next_batch
         for owner in (ray.data.Dataset, ray.data.DataIterator):
             original = owner.iter_jax_batches
 
@@ -167,7 +186,12 @@ def main() -> None:
             owner.iter_jax_batches = counted
         numeric = ray.data.from_items([_row(i) for i in range(NUMERIC_ROWS)]).repartition(2).materialize()
         text = ray.data.from_items([{**_row(i), "text": f"row {i}"} for i in range(TEXT_ROWS)]).materialize()
-        datasets = {"numeric": numeric, "text": text}
+        # Blocks of 6 and 24 rows: batch 0 spans both, batches 1 and 2 are cut from the second block.
+        rows = [{k: v for k, v in _row(i).items() if k in TENSORS} for i in range(NUMERIC_ROWS)]
+        blocks = [ray.get(ray.data.from_items(rows[a:b]).repartition(1).to_arrow_refs()[0])
+                  for a, b in ((0, 6), (6, NUMERIC_ROWS))]
+        tensors = ray.data.from_arrow(blocks).materialize()
+        datasets = {"numeric": numeric, "tensors": tensors, "text": text}
         for case in CASES:
             try:
                 result = compare(case, datasets, calls)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from airflow_provider_raytpu.workloads.batches import MASK_COLUMN, RaggedBatchError, check_batches, iter_batches
-from tests.workloads.batches_four_devices import CASES, DEVICES, NUMERIC, TEXT_COLUMNS
+from tests.workloads.batches_four_devices import CASES, DEVICES, NUMERIC, TENSORS, TEXT_COLUMNS
 from tests.workloads.conftest import REPO, driver_env
 from tests.workloads.ray_slice import EmulatedSlice
 
@@ -141,7 +141,7 @@ def test_fast_path_makes_rays_arrays_on_four_devices(
     if dtypes == "dict_missing":  # Ray's KeyError for a column dtypes does not name
         assert (result["fast_error"], result["ray_error"], result["batches"]) == ("KeyError", "KeyError", 0)
         return
-    columns = TEXT_COLUMNS if with_columns else NUMERIC
+    columns = TEXT_COLUMNS if with_columns else TENSORS if dataset == "tensors" else NUMERIC
     assert result["columns"] == columns + ([MASK_COLUMN] if policy == "pad" else [])
     assert result["batches"] == {"drop": 3, "pad": 4, "raise": 3}[policy]
     if policy == "raise":  # the short 4th batch: 6 rows (not a multiple of 4 devices) or 4 rows
