@@ -147,7 +147,7 @@ def check_batches(num_rows: int, batch_size: int, num_workers: int, policy: str)
     return plan
 
 
-def collate(
+def _collate(
     batch: dict[str, Any], batch_size: int, pad: bool, pad_value: float, columns: list[str] | None
 ) -> dict[str, Any]:
     """Keep ``columns``, stack list columns, and under "pad" pad a short batch and add the mask column.
@@ -186,12 +186,12 @@ def collate(
 
 
 def _collate_fn(batch_size: int, pad: bool, pad_value: float, columns: list[str] | None) -> Any:
-    """:func:`collate` as the collate function Ray's ``iter_jax_batches`` takes."""
+    """:func:`_collate` as the collate function Ray's ``iter_jax_batches`` takes."""
     from ray.data.collate_fn import NumpyBatchCollateFn
 
     class SelectPadMask(NumpyBatchCollateFn):
         def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-            return collate(batch, batch_size, pad, pad_value, columns)
+            return _collate(batch, batch_size, pad, pad_value, columns)
 
     return SelectPadMask()
 
@@ -319,7 +319,7 @@ def _fast_batches(
     pad = policy == "pad"
     index = 0
     for numpy_batch in numpy_batches(data, batch_size, policy == "drop", prefetch_batches):
-        batch = collate(numpy_batch, batch_size, pad, pad_value, columns)
+        batch = _collate(numpy_batch, batch_size, pad, pad_value, columns)
         rows = len(next(iter(batch.values()))) if batch else 0
         if rows == 0:  # Ray skips empty batches (_yield_batches_no_sync)
             continue
