@@ -151,7 +151,30 @@ def _findings() -> list[str]:
                      f"{cut['cpu_ms_per_rewatch']:.0f} ms of CPU and {cut['ssl_contexts_per_cut_watch']:.1f} SSL "
                      f"contexts per watch, and blocked the loop up to {(cut['lag_ms'].get('max') or 0) / 1000:.1f} s")
         out.append(line + ".")
-    return out
+    return out + _feeding_findings()
+
+
+def _feeding_findings() -> list[str]:
+    """data_feeding against its goals: >= 1.3x Ray's iter_jax_batches, >= 1x the same-work hand loop, wait <= 5 %."""
+    rows = (load("data_feeding") or {}).get("summary", [])
+
+    def ratios(baseline: str) -> dict[str, float]:
+        return {r["metric"].split(":")[0]: r["ratio"] for r in rows
+                if r["unit"] == "rows/s" and r["baseline_name"] == baseline and r["ratio"] is not None}
+
+    vs_ray, vs_hand = ratios("Ray's iter_jax_batches"), ratios("hand loop, make_array per column")
+    waits = {r["metric"].split(":")[0]: r["ours"] for r in rows if "data wait" in r["metric"]}
+    if not vs_ray:
+        return []
+
+    def misses(figures: dict[str, float], goal: float, above: bool = True) -> str:
+        missed = [f"{size} ({value:.3g})" for size, value in figures.items() if (value < goal if above else value > goal)]
+        return "met at every size" if not missed else "missed at " + "; ".join(missed)
+
+    return [f"- data_feeding goals: >= 1.3x Ray's iter_jax_batches rows/s {misses(vs_ray, 1.3)}; >= 1.0x the "
+            f"same-work hand loop {misses(vs_hand, 1.0)}; data wait <= 5 % of the epoch with the train step "
+            f"{misses(waits, 5.0, above=False)} (on this 2-core host the step and the feeding share the cores: "
+            "see `feeding vs the train step`)."]
 
 
 def main() -> None:
