@@ -42,6 +42,7 @@ class Fault:
     message: str | None = None
     reset: bool = False
     watch: bool | None = None
+    lose_answer: bool = False
 
     def matches(self, method: str, path: str, watch: bool) -> bool:
         if self.times is not None and self.times <= 0:
@@ -87,6 +88,10 @@ class FaultInjector:
                          watch: bool | None = None) -> None:
         with self._lock:
             self._faults.append(Fault(method, re.compile(path_regex), None, times, reset=True, watch=watch))
+
+    def lose_answers(self, method: str | None, path_regex: str, times: int | None = 1) -> None:
+        with self._lock:
+            self._faults.append(Fault(method, re.compile(path_regex), None, times, lose_answer=True))
 
     def deny(self, verb: str, resource: str, namespace: str | None = None, *, times: int | None = None) -> None:
         with self._lock:

@@ -66,7 +66,7 @@ class ApiHandler:
         if self.faults.latency:
             await asyncio.sleep(self.faults.latency)
         fault = self.faults.take(method, path, watch)
-        if fault is not None:
+        if fault is not None and not fault.lose_answer:
             if fault.reset:
                 abort(request)
                 return web.Response(status=500)
@@ -76,11 +76,15 @@ class ApiHandler:
         if auth is False or (auth is None and not public):
             return json_response(status_body(401, "Unauthorized", "Unauthorized"), 401)
         try:
-            return await self._route(request, method, route, query, watch, verb)
+            answer = await self._route(request, method, route, query, watch, verb)
         except ApiError as err:
-            return status_response(err)
+            answer = status_response(err)
         except SelectorError as err:
-            return status_response(ApiError.bad_request(str(err)))
+            answer = status_response(ApiError.bad_request(str(err)))
+        if fault is not None:  # lose_answer: done, but the client never hears of it
+            abort(request)
+            return web.Response(status=500)
+        return answer
 
     async def _route(self, request: web.Request, method: str, route: Route, query: dict, watch: bool,
                      verb: str) -> web.StreamResponse:

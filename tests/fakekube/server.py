@@ -269,6 +269,11 @@ class FakeKubeApiServer:
         on a reset, so a single reset of a GET is invisible to it."""
         self._faults.reset_connection(method, path_regex, times, watch=watch)
 
+    def lose_answers(self, method: str | None, path_regex: str, times: int | None = 1) -> None:
+        """Carry out the next ``times`` matching requests (``None``: all), then close the connection (RST)
+        without the answer: a create that landed although its client saw it fail."""
+        self._faults.lose_answers(method, path_regex, times)
+
     def clear_faults(self) -> None:
         """Disarm every fault, denial and latency."""
         self._faults.clear()

@@ -548,9 +548,13 @@ def test_fault_injection_and_request_log(server, custom):
         custom.create_namespaced_custom_object(G, V, NS, "rayclusters", raycluster("g"))
     server.reset_connection("GET", r"/rayclusters/f$", times=1)  # urllib3 retries an idempotent GET
     assert custom.get_namespaced_custom_object(G, V, NS, "rayclusters", "f")
+    server.lose_answers("POST", r"/rayclusters$")  # carried out, but the answer never arrives
+    with pytest.raises(urllib3.exceptions.HTTPError):
+        custom.create_namespaced_custom_object(G, V, NS, "rayclusters", raycluster("lost"))
+    assert server.get_object("rayclusters", NS, "lost") is not None
 
     verbs = server.counters
-    assert verbs["get"] == 4 and verbs["list"] == 3 and verbs["patch"] == 1 and verbs["create"] == 2
+    assert verbs["get"] == 4 and verbs["list"] == 3 and verbs["patch"] == 1 and verbs["create"] == 3
     assert server.count("GET", r"/rayclusters/f$") == 4
     method, path, query, is_watch = server.requests[0]
     assert (method, path, is_watch) == ("GET", "/apis/ray.io/v1/namespaces/default/rayclusters/f", False)
