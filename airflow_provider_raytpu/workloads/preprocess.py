@@ -31,7 +31,7 @@ from typing import Any
 
 from airflow_provider_raytpu.workloads.datasets import FORMATS, read_dataset, write_parquet_replacing
 from airflow_provider_raytpu.workloads.loading import load_object
-from airflow_provider_raytpu.workloads.result import report_result
+from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, report_result
 from airflow_provider_raytpu.workloads.session import connect
 
 
@@ -170,13 +170,36 @@ def parse_args(argv: Sequence[str] | None = None) -> PreprocessSpec:
     )
 
 
+def _missing_column(error: BaseException) -> KeyError | None:
+    """The ``KeyError`` a transform raised on a batch (a column it needs is missing), wrapped or not."""
+    while error is not None:
+        if isinstance(error, KeyError):
+            return error
+        error = error.__cause__ or getattr(error, "cause", None)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: parse, run, print the result line. Returns the process exit code.
+    """Entry point: parse, run, print the result line. Returns the process exit code:
+    :data:`~airflow_provider_raytpu.workloads.result.EXIT_BAD_INPUT` for input only the
+    DAG's author can fix (a transform that cannot be imported, a missing input, a missing
+    column), so the task fails without retries.
 
     :param argv: arguments without the program name.
     """
     spec = parse_args(argv)
-    report_result(run_preprocess(spec))
+    try:
+        result = run_preprocess(spec)
+    except (ImportError, FileNotFoundError, TypeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as error:
+        if (missing := _missing_column(error)) is None:
+            raise
+        print(f"error: the transform {spec.transform} needs column {missing}, which the input does not have: "
+              f"{error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    report_result(result)
     return 0
 
 

@@ -13,6 +13,9 @@ import sys
 from typing import Any
 
 RESULT_PREFIX = "RAYTPU_RESULT "
+EXIT_BAD_INPUT = 2
+"""A workload's exit code for input only its author can fix (a typo in an import path, a missing
+column): the Airflow task then fails without retries. Also argparse's code for bad arguments."""
 
 
 def _plain(value: Any) -> Any:

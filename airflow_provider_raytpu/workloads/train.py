@@ -37,11 +37,10 @@ from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.workloads.batches import POLICIES, RaggedBatchError, check_batches
 from airflow_provider_raytpu.workloads.checkpoints import ORBAX_SUBDIR
 from airflow_provider_raytpu.workloads.loading import check_importable, load_object
-from airflow_provider_raytpu.workloads.result import report_result
+from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, report_result
 from airflow_provider_raytpu.workloads.storage import resolve, uri_for
 
 EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
 # Glob characters in a path break gcsfs (orbax's GCS access), and "/" would nest runs.
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 

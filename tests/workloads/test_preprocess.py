@@ -123,3 +123,20 @@ def test_gcs_job_replaces_its_output_on_rerun(ray_slice: EmulatedSlice, fake_gcs
     np.testing.assert_array_equal(np.asarray(rows["embedding"]), np.asarray(first_rows["embedding"]))
     local = Embedder(dim=8)({"text": np.asarray(rows["text"][:5], dtype=object)})
     np.testing.assert_allclose(local["embedding"], np.asarray(rows["embedding"][:5]), atol=1e-6)
+
+
+def test_input_only_the_author_can_fix_exits_with_code_2(ray_client: EmulatedSlice, raw_jsonl: str,
+                                                         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit code 2 makes the Airflow task fail without retries: no retry fixes a typo or a missing column."""
+    from airflow_provider_raytpu.workloads.preprocess import main
+    from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT
+
+    common = ["--output", str(tmp_path / "out"), "--batch-size", "50"]
+    assert main(["--input", raw_jsonl, *common, "--transform", "example_dags.pipeline.transfroms:normalise"]) == (
+        EXIT_BAD_INPUT)
+    assert "transfroms" in capsys.readouterr().err
+    only_ids = tmp_path / "ids.jsonl"
+    only_ids.write_text("".join(f'{{"id": {i}}}\n' for i in range(10)))
+    assert main(["--input", str(only_ids), *common, "--transform", "example_dags.pipeline.transforms:normalise"]) == (
+        EXIT_BAD_INPUT)
+    assert "needs column" in capsys.readouterr().err
