@@ -3,6 +3,8 @@
 create cluster -> wait until every host is ready -> Ray Data embedding (the model loads
 once per actor; each actor holds a whole TPU host) -> write parquet -> delete the cluster
 as a teardown. Re-running a day replaces that day's output, so retries never duplicate rows.
+The default is the smallest slice with more than one host (v4 2x2x2), so the one-actor-per-host
+pool shows; one run at a time, since a rerun of a date replaces that date's output.
 """
 
 from datetime import datetime, timedelta
@@ -14,17 +16,16 @@ from airflow_provider_raytpu.operators.ray_data import RayDataOperator
 from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator, DeleteRayClusterOperator
 from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
 
-CLUSTER = "{{ ti.xcom_pull('create_cluster')['cluster_name'] }}"
-
 with DAG(
     "nightly_embeddings",
     schedule="@daily",
     start_date=datetime(2026, 12, 1),
     catchup=False,
+    max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
     params={
-        "accelerator": Param("v6e", type="string", description="TPU generation: v4, v5e, v5p, v6e, v7x"),
-        "topology": Param("4x4", type="string", description="slice shape, e.g. 4x4 (never a chip count)"),
+        "accelerator": Param("v4", type="string", description="TPU generation: v4, v5e, v5p, v6e, v7x"),
+        "topology": Param("2x2x2", type="string", description="slice shape, e.g. 4x4 (never a chip count)"),
         "slices": Param("1", type=["string", "integer"]),
         "spot": Param("true", type=["string", "boolean"]),
         "storage": Param("gs://raytpu-demo", type="string"),
@@ -38,10 +39,10 @@ with DAG(
         num_slices="{{ params.slices }}",
         spot="{{ params.spot }}",
     )
-    ready = RayClusterReadySensor(task_id="wait_cluster_ready", cluster_name=CLUSTER, timeout=3600, poll_interval=2)
+    ready = RayClusterReadySensor(task_id="wait_cluster_ready", cluster=create.output, timeout=3600, poke_interval=2)
     embed = RayDataOperator(
         task_id="embed",
-        cluster_name=CLUSTER,
+        cluster=create.output,
         input_uri="{{ params.storage }}/raw/rows.jsonl",
         output_uri="{{ params.storage }}/embeddings/{{ ds }}",
         transform="pipeline.transforms:Embedder",
@@ -49,5 +50,5 @@ with DAG(
         runtime_env={"py_modules": [str(Path(__file__).resolve().parent / "pipeline")]},
         poll_interval=1,
     )
-    delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster_name=CLUSTER)
-    create >> ready >> embed >> delete.as_teardown(setups=create)
+    delete = DeleteRayClusterOperator(task_id="delete_cluster")
+    create >> ready >> embed >> delete.as_teardown(setups=[create, ready])

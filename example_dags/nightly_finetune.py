@@ -7,7 +7,12 @@ request -> the training cluster is deleted as a teardown, whatever happened.
 
 Runs unchanged on the local backend (``make demo``) and, by connection only, on GKE.
 Trigger it from the UI to choose the slice; the params arrive as strings and are parsed
-strictly. ``model_version`` serves an existing checkpoint instead of the new one.
+strictly. The default is the smallest multi-host slice (v4 2x2x2: 2 hosts), so unpausing
+it does not start an expensive run. ``model_version`` serves an existing checkpoint
+instead of the new one. Every later task takes the cluster reference ``create.output``;
+``create`` and the ready sensor are setups of the teardown, so clearing ``train`` after the
+teardown ran re-creates the cluster, waits for it, and trains again. One run at a time:
+runs promote the same RayService.
 """
 
 from datetime import datetime, timedelta
@@ -24,17 +29,17 @@ from airflow_provider_raytpu.sensors.rayservice import RayServiceRunningSensor
 
 EXAMPLES = Path(__file__).resolve().parent
 SHIP_PIPELINE = {"py_modules": [str(EXAMPLES / "pipeline")]}
-CLUSTER = "{{ ti.xcom_pull('create_cluster')['cluster_name'] }}"
 
 with DAG(
     "nightly_finetune",
     schedule="@daily",
     start_date=datetime(2026, 12, 1),
     catchup=False,
+    max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
     params={
-        "accelerator": Param("v6e", type="string", description="TPU generation: v4, v5e, v5p, v6e, v7x"),
-        "topology": Param("4x4", type="string", description="slice shape, e.g. 4x4 (never a chip count)"),
+        "accelerator": Param("v4", type="string", description="TPU generation: v4, v5e, v5p, v6e, v7x"),
+        "topology": Param("2x2x2", type="string", description="slice shape, e.g. 4x4 (never a chip count)"),
         "slices": Param("1", type=["string", "integer"]),
         "spot": Param("false", type=["string", "boolean"]),
         "serve_accelerator": Param("v6e", type="string"),
@@ -52,10 +57,10 @@ with DAG(
         num_slices="{{ params.slices }}",
         spot="{{ params.spot }}",
     )
-    ready = RayClusterReadySensor(task_id="wait_cluster_ready", cluster_name=CLUSTER, timeout=3600, poll_interval=2)
+    ready = RayClusterReadySensor(task_id="wait_cluster_ready", cluster=create.output, timeout=3600, poke_interval=2)
     preprocess = RayDataOperator(
         task_id="preprocess",
-        cluster_name=CLUSTER,
+        cluster=create.output,
         input_uri="{{ params.storage }}/raw/rows.jsonl",
         output_uri="{{ params.storage }}/features/{{ ds }}",
         transform="pipeline.transforms:normalise",
@@ -64,7 +69,7 @@ with DAG(
     )
     train = JaxTrainerOperator(
         task_id="train",
-        cluster_name=CLUSTER,
+        cluster=create.output,
         train_loop="pipeline.train_loop:train_loop_per_worker",
         checkpoint_uri="{{ params.storage }}/checkpoints",
         datasets={"eval": "{{ ti.xcom_pull('preprocess')['output_uri'] }}"},
@@ -75,7 +80,8 @@ with DAG(
         runtime_env=SHIP_PIPELINE,
         poll_interval=1,
     )
-    delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster_name=CLUSTER)
+    # No XCom needed: it deletes what this run's create task made (also when create failed after applying).
+    delete = DeleteRayClusterOperator(task_id="delete_cluster")
     promote = DeployRayServiceOperator(
         task_id="promote_model",
         service_name="finetuned-regressor",
@@ -96,11 +102,10 @@ with DAG(
     )
     serving = RayServiceRunningSensor(
         task_id="wait_serving",
-        service_name="{{ ti.xcom_pull('promote_model')['service_name'] }}",
-        version="{{ ti.xcom_pull('promote_model')['version'] }}",
+        service=promote.output,
         deploying_timeout=900,
-        poll_interval=2,
+        poke_interval=2,
         smoke_request={"path": "/", "method": "POST", "json": {"inputs": [[0.5, -0.2, 0.1, 0.3, 0.0, 0.2, -0.1, 0.4]]}},
     )
-    create >> ready >> preprocess >> train >> delete.as_teardown(setups=create)
+    create >> ready >> preprocess >> train >> delete.as_teardown(setups=[create, ready])
     train >> promote >> serving

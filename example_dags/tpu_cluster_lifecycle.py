@@ -1,4 +1,7 @@
-"""Create a v6e 4x4 RayCluster, wait until every host of every slice is ready, always tear it down."""
+"""Create a RayCluster on TPU slices, wait until every host of every slice is ready, always tear it down.
+
+The default is one v6e 2x2 slice (one host); trigger it with params for a bigger shape.
+"""
 
 from datetime import datetime
 
@@ -12,7 +15,7 @@ with DAG(
     schedule="@daily",
     start_date=datetime(2026, 12, 1),
     catchup=False,
-    params={"accelerator": Param("v6e"), "topology": Param("4x4"), "slices": Param(1, type="integer")},
+    params={"accelerator": Param("v6e"), "topology": Param("2x2"), "slices": Param(1, type="integer")},
 ):
     create = CreateRayClusterOperator(
         task_id="create_cluster",
@@ -20,7 +23,6 @@ with DAG(
         topology="{{ params.topology }}",
         num_slices="{{ params.slices }}",
     )
-    cluster = "{{ ti.xcom_pull('create_cluster')['cluster_name'] }}"
-    ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=cluster, timeout=1800)
-    delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster_name=cluster)
-    create >> ready >> delete.as_teardown(setups=create)
+    ready = RayClusterReadySensor(task_id="wait_ready", cluster=create.output, timeout=1800)
+    delete = DeleteRayClusterOperator(task_id="delete_cluster")
+    create >> ready >> delete.as_teardown(setups=[create, ready])

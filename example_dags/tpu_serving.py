@@ -46,6 +46,7 @@ with DAG(
     schedule=None,
     start_date=datetime(2026, 12, 1),
     catchup=False,
+    max_active_runs=1,
     params={"version": Param("v1", type="string"), "rollback": Param(False, type="boolean")},
 ):
     deploy = DeployRayServiceOperator(
@@ -61,8 +62,7 @@ with DAG(
     )
     wait = RayServiceRunningSensor(
         task_id="wait_running",
-        service_name="{{ ti.xcom_pull('deploy')['service_name'] }}",
-        version="{{ ti.xcom_pull('deploy')['version'] }}",
+        service=deploy.output,
         deploying_timeout=900,
         smoke_request={"path": "/", "method": "POST", "json": {"inputs": [[0.1, 0.2, 0.3, 0.4]]}},
     )
@@ -90,6 +90,7 @@ with DAG(
     schedule=None,
     start_date=datetime(2026, 12, 1),
     catchup=False,
+    max_active_runs=1,
     params={"checkpoint": Param("gs://my-bucket/checkpoints/chat/step-1000", type="string")},
 ):
     deploy_llm = DeployRayServiceOperator(
@@ -103,8 +104,7 @@ with DAG(
     )
     wait_llm = RayServiceRunningSensor(
         task_id="wait_running",
-        service_name="{{ ti.xcom_pull('deploy')['service_name'] }}",
-        version="{{ ti.xcom_pull('deploy')['version'] }}",
+        service=deploy_llm.output,
         deploying_timeout=1800,
         smoke_request={
             "path": "/v1/chat/completions",

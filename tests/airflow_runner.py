@@ -53,11 +53,35 @@ def outcomes(run: Any) -> dict[str, TaskOutcome]:
     }
 
 
-def run_dag(airflow_home: Path, source: str, dag_id: str, conf: dict[str, Any] | None = None) -> dict[str, TaskOutcome]:
-    """Write ``source`` as a DAG file, run it with ``dag.test(run_conf=conf)``; outcome per task id."""
+class _ParsedPerTry(dict):
+    """A DAG's ``task_dict`` that hands ``dag.test()`` an operator parsed anew from the DAG file for
+    every try and every poke, as a worker process does (nothing an operator keeps in memory
+    survives to its next poke in reschedule mode, or to its retry)."""
+
+    def __init__(self, path: Path, dag_id: str, tasks: dict[str, Any]) -> None:
+        super().__init__(tasks)
+        self.path, self.dag_id = path, dag_id
+
+    def __getitem__(self, task_id: str) -> Any:
+        return load_dag(self.path, self.dag_id).task_dict[task_id]
+
+
+def run_dag(airflow_home: Path, source: str, dag_id: str, conf: dict[str, Any] | None = None,
+            logical_date: datetime | None = None, fresh_operators: bool = False) -> dict[str, TaskOutcome]:
+    """Write ``source`` as a DAG file, run it with ``dag.test(run_conf=conf)``; outcome per task id.
+
+    :param logical_date: the run's logical date (default: now); two DAGs run for the same one get
+        the same run id (``manual__<date>``), as scheduled runs of one date do (``scheduled__<date>``).
+    :param fresh_operators: run every try and poke on an operator parsed anew, as a deployment does.
+    """
     ensure_airflow_db()
-    dag = load_dag(write_dag(airflow_home, source, dag_id), dag_id)
-    return outcomes(dag.test(run_conf=conf or {}))
+    path = write_dag(airflow_home, source, dag_id)
+    dag = load_dag(path, dag_id)
+    if fresh_operators:
+        dag.task_dict = _ParsedPerTry(path, dag_id, dag.task_dict)
+    if logical_date is None:
+        return outcomes(dag.test(run_conf=conf or {}))
+    return outcomes(dag.test(run_conf=conf or {}, logical_date=logical_date, run_after=logical_date))
 
 
 def lose_worker(dag_id: str, task_id: str) -> str:
@@ -76,6 +100,35 @@ def lose_worker(dag_id: str, task_id: str) -> str:
         ti.state = "up_for_retry" if ti.try_number <= ti.max_tries else "failed"
         ti.end_date = datetime.now(timezone.utc)
         return ti.run_id
+
+
+def clear_task(dag_id: str, task_id: str) -> str:
+    """What a user's Clear of one task does (Airflow's own ``clear_task_instances``: the task starts a
+    new cycle of tries); returns the run id. Carry the run on with :func:`resume_dag_run`."""
+    from sqlalchemy import select
+
+    from airflow.models.taskinstance import TaskInstance, clear_task_instances
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        ti = session.scalars(
+            select(TaskInstance).where(TaskInstance.dag_id == dag_id, TaskInstance.task_id == task_id)
+        ).one()
+        clear_task_instances([ti], session)
+        return ti.run_id
+
+
+def rendered_fields(dag_id: str, task_id: str) -> dict[str, Any]:
+    """The task's rendered template fields as the UI shows them (the latest try's)."""
+    from sqlalchemy import select
+
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.scalars(select(RenderedTaskInstanceFields).where(
+            RenderedTaskInstanceFields.dag_id == dag_id, RenderedTaskInstanceFields.task_id == task_id)).one()
+        return dict(row.rendered_fields)
 
 
 def resume_dag_run(dag_path: Path, dag_id: str, run_id: str) -> dict[str, TaskOutcome]:

@@ -20,6 +20,9 @@ os.environ.update(
         "AIRFLOW__CORE__DAGS_FOLDER": str(_AIRFLOW_HOME / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME}/airflow.db",
+        # The test DAGs are written for a deployment with a triggerer: sensors and job tasks defer
+        # unless a test says otherwise (Airflow's own default is False).
+        "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
         # Transient Kubernetes API errors are retried with backoff; keep it short in tests.
         "AIRFLOW__WORKERS__API_RETRY_WAIT_MIN": "0.05",
         "AIRFLOW__WORKERS__API_RETRY_WAIT_MAX": "0.5",

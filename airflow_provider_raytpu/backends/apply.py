@@ -2,15 +2,22 @@
 
 :func:`apply_object` reads the object, creates it when it is missing (an "already exists"
 answer means our own earlier create whose answer was lost, or a race: read again), refuses
-a same-named object this provider did not make, adopts one with the same spec without
-writing anything, and otherwise replaces it when updating is allowed, reading again when
-the write was stale. A backend provides only the store (:class:`ObjectStore`).
+a same-named object this provider did not make or another owner made, adopts our own with
+the same spec without writing anything, and otherwise, when changing it is allowed,
+replaces it (reading again when the write was stale) or recreates it (delete, wait until
+gone, create). A backend provides only the store (:class:`ObjectStore`).
+
+Ownership is what the owner annotations say (:data:`CLUSTER_OWNER`, :data:`SERVICE_OWNER`):
+a RayCluster belongs to the task try's DAG run and task, so two runs or two DAGs never share
+one; a RayService outlives runs (later runs promote it), so it belongs to a DAG and task.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from enum import Enum
 from typing import Any, Protocol
 
 from airflow_provider_raytpu.backends.base import Applied, ApplyResult
@@ -27,6 +34,20 @@ from airflow_provider_raytpu.manifests.raycluster import (
 log = logging.getLogger(__name__)
 
 APPLY_ATTEMPTS = 5
+GONE_TIMEOUT = 600.0
+GONE_POLL_SECONDS = 1.0
+CLUSTER_OWNER = (DAG_ID_KEY, RUN_ID_KEY, TASK_ID_KEY)
+"""A RayCluster belongs to one DAG run's task (every try of it)."""
+SERVICE_OWNER = (DAG_ID_KEY, TASK_ID_KEY)
+"""A RayService belongs to one DAG's task: later runs of that task promote it."""
+
+
+class OnChange(str, Enum):
+    """What applying does with our own object whose spec differs from the manifest's."""
+
+    FAIL = "fail"
+    REPLACE = "replace"
+    RECREATE = "recreate"
 
 
 class AlreadyExists(Exception):
@@ -47,7 +68,25 @@ class ObjectStore(Protocol):
         """Store a new object; :class:`AlreadyExists` when one has that name."""
 
     def replace(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Replace the stored object; :class:`StaleWrite` when it changed since it was read."""
+        """Replace the stored object; :class:`StaleWrite` when it changed since it was read.
+
+        Needed only with :attr:`OnChange.REPLACE`."""
+
+    def delete(self, name: str, namespace: str) -> bool:
+        """Delete the object; ``False`` when it was already gone. Needed only with :attr:`OnChange.RECREATE`."""
+
+
+def wait_until_gone(kind: str, name: str, namespace: str, get: Callable[[str, str], Any],
+                    timeout: float = GONE_TIMEOUT, poll_interval: float = GONE_POLL_SECONDS) -> None:
+    """Poll ``get`` until the object is gone, or fail naming what to check."""
+    deadline = time.monotonic() + timeout
+    while get(name, namespace) is not None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{kind} {namespace}/{name} still exists {timeout:.0f} s after delete; "
+                f"check for stuck finalizers with kubectl get {kind.lower()} {name} -n {namespace} -o yaml"
+            )
+        time.sleep(poll_interval)
 
 
 def annotations_of(obj: dict[str, Any]) -> dict[str, str]:
@@ -71,6 +110,31 @@ def same_service(existing: dict[str, Any], manifest: dict[str, Any]) -> bool:
     return same_spec(existing, manifest) and service_version(existing) == service_version(manifest)
 
 
+def owner_of(obj: dict[str, Any], keys: Sequence[str]) -> tuple[str | None, ...]:
+    """The owner an object's annotations record, as the values of ``keys`` (``None`` where absent)."""
+    notes = annotations_of(obj)
+    return tuple(notes.get(key) for key in keys)
+
+
+def describe_owner(obj: dict[str, Any]) -> str:
+    """``DAG 'x', run 'y', task 'z'`` as an object's annotations record them."""
+    notes = annotations_of(obj)
+    if DAG_ID_KEY not in notes:
+        return "no Airflow task (no owner annotations)"
+    return f"DAG {notes[DAG_ID_KEY]!r}, run {notes.get(RUN_ID_KEY)!r}, task {notes.get(TASK_ID_KEY)!r}"
+
+
+def owner_error(existing: dict[str, Any], manifest: dict[str, Any]) -> ConflictError:
+    """The error for a same-named object another DAG, run or task made: never adopted, updated or deleted."""
+    kind = manifest.get("kind") or existing.get("kind") or "object"
+    metadata = manifest["metadata"]
+    return ConflictError(
+        f"{kind} {metadata['name']!r} in namespace {metadata['namespace']!r} belongs to {describe_owner(existing)}, "
+        f"not to this task ({describe_owner(manifest)}), so it is not adopted, updated or deleted. Leave the name "
+        f"unset for a name of this task's own, choose another name, or delete the existing {kind} first."
+    )
+
+
 def conflict_error(existing: dict[str, Any], manifest: dict[str, Any]) -> ConflictError:
     """The error for an existing resource of the same name whose spec differs."""
     metadata = existing.get("metadata", {})
@@ -85,7 +149,7 @@ def conflict_error(existing: dict[str, Any], manifest: dict[str, Any]) -> Confli
         f"{kind} {metadata.get('name')!r} in namespace {metadata.get('namespace')!r} already exists with a "
         f"different spec (spec hash {notes.get(SPEC_HASH_ANNOTATION)!r}, this task renders "
         f"{annotations_of(manifest)[SPEC_HASH_ANNOTATION]!r}; {made_by}). Choose another name, delete "
-        f"the existing {kind}, or set update_if_exists=True to update it in place."
+        f"the existing {kind}, or set update_if_exists=True to recreate it with this spec."
     )
 
 
@@ -115,34 +179,56 @@ def replacement(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[str,
 
 
 def apply_object(store: ObjectStore, manifest: dict[str, Any], *, same: Callable[[dict[str, Any], dict[str, Any]], bool],
-                 update: bool, attempts: int = APPLY_ATTEMPTS) -> ApplyResult:
-    """Create the object, adopt the same one, or update a different one if allowed.
+                 owner: Sequence[str], on_change: OnChange, attempts: int = APPLY_ATTEMPTS,
+                 gone_timeout: float = GONE_TIMEOUT, poll_interval: float = GONE_POLL_SECONDS) -> ApplyResult:
+    """Create the object, adopt our own same one, or change our own different one if allowed.
 
     :param store: where objects of the manifest's kind live.
-    :param manifest: the rendered object (with this provider's labels and spec-hash annotation).
+    :param manifest: the rendered object (with this provider's labels, owner and spec-hash annotations).
     :param same: whether a stored object is the one ``manifest`` renders (then nothing is written).
-    :param update: replace a different one (else it is a conflict).
+    :param owner: the owner annotations that must be equal on the stored object and the manifest
+        (:data:`CLUSTER_OWNER`, :data:`SERVICE_OWNER`).
+    :param on_change: replace or recreate our own different object, or refuse it.
     :param attempts: how many times to read again after a lost create or a stale write.
-    :raises ConflictError: a same-named object this provider did not make, or a different one
-        and ``update`` is false.
+    :param gone_timeout: how long to wait for a deleted object to be gone before creating it again.
+    :param poll_interval: seconds between reads while waiting for that.
+    :raises ConflictError: a same-named object this provider did not make, or another owner made,
+        or a different one of our own with ``on_change`` :attr:`OnChange.FAIL`.
     """
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
     kind = manifest.get("kind", "object")
+    action = Applied.CREATED
     for _ in range(attempts):
         existing = store.get(name, namespace)
+        if existing is not None and existing.get("metadata", {}).get("deletionTimestamp"):
+            log.info("%s %s/%s is being deleted; waiting until it is gone to create it again", kind, namespace, name)
+            wait_until_gone(kind, name, namespace, store.get, gone_timeout, poll_interval)
+            existing = None
         if existing is None:
             try:
-                return ApplyResult(Applied.CREATED, store.create(manifest))
+                return ApplyResult(action, store.create(manifest))
             except AlreadyExists:
                 log.info("%s %s/%s exists already (an earlier create whose answer was lost?); reading it",
                          kind, namespace, name)
                 continue
         if not is_managed(existing):
             raise foreign_error(existing, manifest)
+        if owner_of(existing, owner) != owner_of(manifest, owner):
+            raise owner_error(existing, manifest)
         if same(existing, manifest):
             return ApplyResult(Applied.ADOPTED, existing)
-        if not update:
+        if on_change is OnChange.FAIL:
             raise conflict_error(existing, manifest)
+        if on_change is OnChange.RECREATE:
+            # A RayCluster's pods do not follow a new spec (KubeRay v1.5 has no RayCluster
+            # upgradeStrategy): only a new cluster runs the new head and slices.
+            log.info("%s %s/%s has another spec (hash %s, wanted %s): deleting it, waiting until it is gone, "
+                     "creating it again", kind, namespace, name, annotations_of(existing).get(SPEC_HASH_ANNOTATION),
+                     annotations_of(manifest)[SPEC_HASH_ANNOTATION])
+            store.delete(name, namespace)
+            wait_until_gone(kind, name, namespace, store.get, gone_timeout, poll_interval)
+            action = Applied.RECREATED
+            continue
         try:
             return ApplyResult(Applied.UPDATED, store.replace(replacement(existing, manifest)))
         except StaleWrite:

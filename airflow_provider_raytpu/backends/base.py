@@ -19,6 +19,7 @@ class Applied(str, Enum):
     CREATED = "created"
     ADOPTED = "adopted"
     UPDATED = "updated"
+    RECREATED = "recreated"
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class ApplyResult:
     """The outcome of :meth:`ClusterBackend.apply_cluster` or :meth:`ServiceBackend.apply_service`
     (both go through :func:`~airflow_provider_raytpu.backends.apply.apply_object`).
 
-    :param action: created, adopted (same spec hash) or updated.
+    :param action: created, adopted (same spec hash), updated (replaced) or recreated (deleted, then created).
     :param cluster: the RayCluster (or RayService) as stored.
     """
 
@@ -61,8 +62,9 @@ class ServiceBackend(abc.ABC):
 
         Identical (same spec hash and model version): adopted, nothing is written, so a
         retried deploy is a no-op. Different: the spec and this provider's annotations are
-        replaced (a promotion). A same-named RayService this provider did not make is a
-        :class:`~airflow_provider_raytpu.errors.ConflictError`.
+        replaced (a promotion). A same-named RayService this provider did not make, or
+        another DAG or task made (a RayService belongs to the DAG and task that created it),
+        is a :class:`~airflow_provider_raytpu.errors.ConflictError`.
         """
 
     @abc.abstractmethod
@@ -72,6 +74,10 @@ class ServiceBackend(abc.ABC):
     @abc.abstractmethod
     def delete_service(self, name: str, namespace: str) -> bool:
         """Delete the RayService and its clusters; ``False`` when it was already gone."""
+
+    @abc.abstractmethod
+    def list_services(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """RayServices in a namespace matching a label selector."""
 
     @abc.abstractmethod
     def service_status(self, name: str, namespace: str, version: str | None = None) -> ServiceStatus:
@@ -129,10 +135,13 @@ class ClusterBackend(abc.ABC):
 
     @abc.abstractmethod
     def apply_cluster(self, manifest: dict[str, Any], *, update_if_exists: bool = False) -> ApplyResult:
-        """Create the RayCluster, adopt a matching one, or update a different one if allowed.
+        """Create the RayCluster, adopt our own matching one, or recreate our own different one if allowed.
 
-        Same spec hash: adopted, nothing is written. A same-named RayCluster this provider did
-        not make, or a different one without ``update_if_exists``, is a
+        Our own (the same owner annotations: DAG, run, task) with the same spec hash: adopted,
+        nothing is written. Our own with another spec and ``update_if_exists``: deleted, waited
+        for until gone, and created again (a RayCluster's pods do not follow a spec change). A
+        same-named RayCluster this provider did not make, or another owner made, or our own
+        different one without ``update_if_exists``, is a
         :class:`~airflow_provider_raytpu.errors.ConflictError`.
         """
 
@@ -167,6 +176,9 @@ class ClusterBackend(abc.ABC):
     @abc.abstractmethod
     async def adiagnose(self, name: str, namespace: str) -> str:
         """:meth:`diagnose` without blocking the event loop."""
+
+    def close(self) -> None:
+        """Release the clients this backend opened (a task calls it when it ends)."""
 
 
 def backend_for(settings: ConnectionSettings) -> ClusterBackend:

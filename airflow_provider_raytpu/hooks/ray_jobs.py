@@ -81,18 +81,21 @@ class RayJobsHook(BaseHook):
     :param cluster_name: the RayCluster's name.
     :param namespace: its namespace; default: the connection's.
     :param raytpu_conn_id: the ``raytpu`` connection.
+    :param cluster_hook: the task's connection hook, when it has one already (one connection
+        lookup and one backend per task).
     """
 
     def __init__(self, cluster_name: str, namespace: str | None = None,
-                 raytpu_conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+                 raytpu_conn_id: str = DEFAULT_CONN_ID, cluster_hook: RayTpuHook | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.cluster_name = cluster_name
         self.raytpu_conn_id = raytpu_conn_id
         self._namespace = namespace
+        self._cluster_hook = cluster_hook
 
     @cached_property
     def cluster_hook(self) -> RayTpuHook:
-        return RayTpuHook(self.raytpu_conn_id)
+        return self._cluster_hook or RayTpuHook(self.raytpu_conn_id)
 
     @property
     def backend(self) -> ClusterBackend:
@@ -159,6 +162,10 @@ class RayJobsHook(BaseHook):
     def status(self, submission_id: str) -> tuple[str, str]:
         info = self.client.get_job_info(submission_id)
         return str(info.status), info.message or ""
+
+    def info(self, submission_id: str) -> JobDetails:
+        """Everything Ray records of the job: status, entrypoint, the driver's exit code, ..."""
+        return self.client.get_job_info(submission_id)
 
     def logs(self, submission_id: str) -> str:
         return self.client.get_job_logs(submission_id)

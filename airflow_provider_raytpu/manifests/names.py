@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from collections.abc import Sequence
 
 from airflow_provider_raytpu.errors import InvalidInputError
 
@@ -48,6 +50,25 @@ def resource_name(value: str, field: str, limit: int = RAY_CLUSTER_NAME_LIMIT) -
     if len(name) > limit:
         name = f"{name[: limit - 9].rstrip('-')}-{_short_hash(value)}"
     return name
+
+
+def owned_name(readable: str, identity: Sequence[object], field: str, limit: int = RAY_CLUSTER_NAME_LIMIT) -> str:
+    """A default name: a readable prefix and a hash of everything that makes it unique.
+
+    The hash covers ``identity`` exactly as given (``etl_daily`` and ``etl.daily`` hash
+    apart although both read ``etl-daily``), so the name is the same on every retry and
+    differs for every other identity, however long the readable part was.
+
+    :param readable: what the name should say, e.g. the DAG id and task id; shortened to fit.
+    :param identity: the values the name stands for, e.g. (DAG id, run id, task id, map index).
+    :param field: the parameter name used in errors.
+    :param limit: the maximum length.
+    """
+    digest = hashlib.sha256(json.dumps(list(identity), default=str).encode()).hexdigest()[:10]
+    prefix = re.sub(r"[^a-z0-9]+", "-", readable.lower()).strip("-")
+    if not prefix[:1].isalpha():  # KubeRay's <name>-head-svc must be a DNS-1035 label: a letter first
+        prefix = f"ray-{prefix}".rstrip("-")
+    return resource_name(f"{prefix[: limit - len(digest) - 1].rstrip('-')}-{digest}", field, limit)
 
 
 def label_value(value: str) -> str:

@@ -29,6 +29,7 @@ TASK_ID_KEY = KEY_PREFIX + "task-id"
 TPU_SLICE_ANNOTATION = KEY_PREFIX + "tpu-slice"
 SPEC_HASH_ANNOTATION = KEY_PREFIX + "spec-hash"
 EXPIRES_AT_ANNOTATION = KEY_PREFIX + "expires-at"
+ORIGINATED_FROM_LABEL = "ray.io/originated-from-cr-name"  # KubeRay's, on the RayClusters of a RayService
 
 DEFAULT_WORKER_GROUP = "tpu-slices"
 DASHBOARD_PORT = 8265

@@ -15,6 +15,8 @@ How a model version is recorded, and how a reader tells the clusters apart:
   to a fresh slice, and every RayCluster carries the version it was created for. The
   active cluster runs the requested version exactly when its head pod template says
   the version the RayService's ``rayClusterConfig`` says.
+- ``raytpu.dev/version-args``: where each application takes the version (its
+  ``version_arg``), so a rollback needs only the service (:func:`rolled_back_service`).
 - ``raytpu.dev/update``: how the latest change reaches the service: ``created``,
   ``new-cluster`` (``rayClusterConfig`` changed) or ``in-place`` (only
   ``serveConfigV2`` changed, applied on the running cluster). After an in-place
@@ -37,6 +39,7 @@ from airflow_provider_raytpu.manifests.raycluster import (
     API_VERSION,
     DAG_ID_KEY,
     KEY_PREFIX,
+    ORIGINATED_FROM_LABEL,
     RUN_ID_KEY,
     SPEC_HASH_ANNOTATION,
     TASK_ID_KEY,
@@ -46,11 +49,19 @@ from airflow_provider_raytpu.manifests.raycluster import (
     owned_resource,
     spec_hash,
 )
-from airflow_provider_raytpu.manifests.serveconfig import ServeApplication, build_serve_config
+from airflow_provider_raytpu.manifests.serveconfig import (
+    ServeApplication,
+    build_serve_config,
+    parse_serve_config,
+    render_serve_config,
+    set_version_arg,
+)
 from airflow_provider_raytpu.tpu import TpuSlice
 
 MODEL_VERSION_ANNOTATION = KEY_PREFIX + "model-version"
 VERSION_HISTORY_ANNOTATION = KEY_PREFIX + "version-history"
+VERSION_ARGS_ANNOTATION = KEY_PREFIX + "version-args"
+ROLLED_BACK_BY_ANNOTATION = KEY_PREFIX + "rolled-back-by"
 UPDATE_ANNOTATION = KEY_PREFIX + "update"
 CREATED, NEW_CLUSTER, IN_PLACE = "created", "new-cluster", "in-place"
 HISTORY_LIMIT = 10
@@ -225,16 +236,88 @@ def build_ray_service(
             update_kind(current) or CREATED)
     else:
         update = NEW_CLUSTER
+    apps = [ServeApplication.from_value(value, index) for index, value in enumerate(applications)]
     notes = {
         MODEL_VERSION_ANNOTATION: version,
         VERSION_HISTORY_ANNOTATION: json.dumps(next_history(version_history(current), version, history_limit)),
+        VERSION_ARGS_ANNOTATION: json.dumps({app.name: app.version_arg for app in apps if app.version_arg},
+                                            sort_keys=True),
         UPDATE_ANNOTATION: update,
     }
     return owned_resource("RayService", name, namespace, spec, tpu=tpu, options=options, origin=origin, notes=notes)
 
 
+def _version_args(service: Mapping[str, Any]) -> dict[str, str]:
+    text = _annotations(service).get(VERSION_ARGS_ANNOTATION)
+    if text is None:
+        name = (service.get("metadata") or {}).get("name")
+        raise InvalidInputError(
+            "rollback", True,
+            f"RayService {name!r} does not record where its applications take the version (it was deployed by an "
+            "older version of this provider)",
+            "Deploy it once with this version (a promotion of the current version is enough), then roll back",
+        )
+    return dict(json.loads(text))
+
+
+def rolled_back_service(current: Mapping[str, Any], *, in_place: bool, origin: AirflowOrigin | None) -> dict[str, Any]:
+    """``current`` promoted to the version before its current one (:func:`rollback_target`), from itself alone.
+
+    Each application's recorded ``version_arg`` gets the target version; unless
+    ``in_place``, so does the cluster config (KubeRay then prepares a fresh cluster). The
+    labels, the owner and every other annotation stay; ``raytpu.dev/rolled-back-by``
+    records the task that rolled back, so its retry keeps the rollback instead of toggling.
+
+    :param current: the RayService as stored.
+    :param in_place: change only the Serve config (the cluster config keeps its version).
+    :param origin: the Airflow task rolling back.
+    :raises InvalidInputError: no earlier version, or a service that does not record its version args.
+    """
+    target = rollback_target(current)
+    version_args = _version_args(current)
+    spec = json.loads(json.dumps(current.get("spec") or {}))
+    config = parse_serve_config(spec.get("serveConfigV2"))
+    for app in config.get("applications") or []:
+        if path := version_args.get(app.get("name")):
+            args = app.setdefault("args", {})
+            set_version_arg(args, path, target, app["name"])
+    spec["serveConfigV2"] = render_serve_config(config)
+    cluster = spec.get("rayClusterConfig") or {}
+    if not in_place:
+        for holder in [cluster.get("headGroupSpec") or {}, *(cluster.get("workerGroupSpecs") or [])]:
+            holder["template"] = _with_version(holder.get("template"), target)
+    changed_cluster = spec_hash(cluster) != spec_hash((current.get("spec") or {}).get("rayClusterConfig") or {})
+    metadata = current.get("metadata") or {}
+    notes = {
+        **{k: v for k, v in _annotations(current).items() if k != SPEC_HASH_ANNOTATION},
+        MODEL_VERSION_ANNOTATION: target,
+        VERSION_HISTORY_ANNOTATION: json.dumps(next_history(version_history(current), target)),
+        UPDATE_ANNOTATION: NEW_CLUSTER if changed_cluster else IN_PLACE,
+        SPEC_HASH_ANNOTATION: spec_hash(spec),
+    }
+    if origin:
+        notes[ROLLED_BACK_BY_ANNOTATION] = json.dumps([origin.dag_id, origin.run_id, origin.task_id, target])
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "RayService",
+        "metadata": {"name": metadata.get("name"), "namespace": metadata.get("namespace"),
+                     "labels": dict(metadata.get("labels") or {}), "annotations": notes},
+        "spec": spec,
+    }
+
+
+def rolled_back_by(service: Mapping[str, Any] | None, origin: AirflowOrigin) -> bool:
+    """Whether ``origin`` (an earlier try of the same task) rolled the service back to the version it serves now."""
+    text = _annotations(service).get(ROLLED_BACK_BY_ANNOTATION)
+    try:
+        recorded = json.loads(text) if text else None
+    except ValueError:
+        return False
+    return recorded == [origin.dag_id, origin.run_id, origin.task_id, service_version(service)]
+
+
 def ray_cluster_of(service: Mapping[str, Any], cluster_name: str) -> dict[str, Any]:
-    """A RayCluster manifest with the RayService's ``rayClusterConfig`` and slice annotation.
+    """A RayCluster manifest with the RayService's ``rayClusterConfig``, slice annotation and owner (DAG, task).
 
     The version annotations are left out of its pod templates, so every version maps to
     the same cluster (the local backend redeploys Serve on it instead of starting another).
@@ -255,15 +338,17 @@ def ray_cluster_of(service: Mapping[str, Any], cluster_name: str) -> dict[str, A
                 template.pop("metadata")
     metadata = service.get("metadata") or {}
     source = _annotations(service)
+    # The cluster belongs to the service (its DAG and task), not to the run that promoted it last.
+    labels = {k: v for k, v in (metadata.get("labels") or {}).items() if k != RUN_ID_KEY}
     return {
         "apiVersion": API_VERSION,
         "kind": "RayCluster",
         "metadata": {
             "name": cluster_name,
             "namespace": metadata.get("namespace", "default"),
-            "labels": {**(metadata.get("labels") or {}), "ray.io/originated-from-cr-name": metadata.get("name", "")},
+            "labels": {**labels, ORIGINATED_FROM_LABEL: metadata.get("name", "")},
             "annotations": {
-                **{k: v for k, v in source.items() if k in (TPU_SLICE_ANNOTATION, DAG_ID_KEY, RUN_ID_KEY, TASK_ID_KEY)},
+                **{k: v for k, v in source.items() if k in (TPU_SLICE_ANNOTATION, DAG_ID_KEY, TASK_ID_KEY)},
                 SPEC_HASH_ANNOTATION: spec_hash(spec),
             },
         },

@@ -1,13 +1,14 @@
-"""What the provider's operators and sensors share: the connection and fail-fast errors."""
+"""What the provider's operators and sensors share: the connection, the cluster reference, fail-fast errors."""
 
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import FatalError, InvalidInputError
@@ -16,8 +17,13 @@ from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin, tpu_slic
 from airflow_provider_raytpu.tpu import TpuSlice
 
 if TYPE_CHECKING:
+    import jinja2
+
     from airflow.sdk import Context
     from airflow_provider_raytpu.backends.base import ClusterBackend, ServiceBackend
+
+CONN_KEY = "raytpu_conn_id"
+OLD_CONN_KEY = "conn_id"  # the reference's connection key before 0.2; still read from older XComs
 
 
 @contextlib.contextmanager
@@ -29,17 +35,25 @@ def fail_fast() -> Iterator[None]:
         raise AirflowFailException(str(exc)) from exc
 
 
-def wait_until_gone(kind: str, name: str, namespace: str, get: Callable[[str, str], Any],
-                    timeout: float, poll_interval: float) -> None:
-    """Poll ``get`` until the object is gone, or fail naming what to check."""
-    deadline = time.monotonic() + timeout
-    while get(name, namespace) is not None:
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"{kind} {namespace}/{name} still exists {timeout:.0f} s after delete; "
-                f"check for stuck finalizers with kubectl get {kind.lower()} {name} -n {namespace} -o yaml"
-            )
-        time.sleep(poll_interval)
+def default_deferrable() -> bool:
+    """``[operators] default_deferrable``, as the cncf-kubernetes and Google providers read it."""
+    return conf.getboolean("operators", "default_deferrable", fallback=False)
+
+
+def sensor_poke_interval(poke_interval: float | timedelta | None, poll_interval: float | None,
+                         default: float = 10.0) -> float | timedelta:
+    """A sensor's ``poke_interval`` (Airflow's name), also accepted as this provider's ``poll_interval``."""
+    if poke_interval is not None and poll_interval is not None:
+        raise InvalidInputError("poll_interval", poll_interval, f"is given with poke_interval={poke_interval!r}",
+                                "Give only poke_interval (poll_interval is its other name)")
+    return next((v for v in (poke_interval, poll_interval) if v is not None), default)
+
+
+def is_templated(value: Any) -> bool:
+    """Whether a parameter is only known at run time: a Jinja template or an ``XComArg``."""
+    from airflow.sdk.definitions._internal.mixins import ResolveMixin
+
+    return isinstance(value, ResolveMixin) or (isinstance(value, str) and "{{" in value)
 
 
 def origin_of(context: Context) -> AirflowOrigin:
@@ -47,20 +61,80 @@ def origin_of(context: Context) -> AirflowOrigin:
     return AirflowOrigin(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id)
 
 
+def read_reference(value: Any, field: str, name_key: str) -> dict[str, Any] | None:
+    """A cluster or service reference as an upstream task returned it (``create.output``), checked.
+
+    :param value: the rendered parameter; ``None`` when not given.
+    :param field: the parameter's name (``cluster`` or ``service``).
+    :param name_key: the key that must hold the name (``cluster_name`` or ``service_name``).
+    """
+    if value is None or value == "":
+        return None
+    if not isinstance(value, Mapping) or not isinstance(value.get(name_key), str) or not value[name_key]:
+        raise InvalidInputError(
+            field, value, f"is not a reference with a {name_key}",
+            f"Pass the task's output, e.g. {field}=create.output (the dict the creating task returns), "
+            f"or give {name_key}, namespace and raytpu_conn_id instead",
+        )
+    return dict(value)
+
+
 class ClusterTaskMixin:
     """An operator or sensor that works on an existing RayCluster.
 
-    Subclasses declare ``cluster_name``, ``namespace`` and ``raytpu_conn_id`` as
-    template fields, so ``"{{ ti.xcom_pull('create_cluster')['cluster_name'] }}"`` works.
+    It takes the cluster reference (``cluster=create.output``) or ``cluster_name``,
+    ``namespace`` and ``raytpu_conn_id`` (all templated), or both, the explicit ones
+    winning; the reference is read once the templates are rendered.
     """
 
-    cluster_name: str
+    cluster_name: str | None
     namespace: str | None
-    raytpu_conn_id: str = DEFAULT_CONN_ID
+    raytpu_conn_id: str | None
+    cluster: Any = None
+    reference_field = "cluster"
+    reference_name = "cluster_name"
+
+    def render_template_fields(self, context: Context, jinja_env: jinja2.Environment | None = None) -> None:
+        super().render_template_fields(context, jinja_env)  # type: ignore[misc]
+        with fail_fast():
+            self.take_reference()
+
+    def take_reference(self) -> dict[str, Any] | None:
+        """Fill the name, namespace and connection from the rendered reference, where not given."""
+        reference = read_reference(getattr(self, self.reference_field, None), self.reference_field,
+                                   self.reference_name)
+        if reference is None:
+            return None
+        given, named = getattr(self, self.reference_name), reference[self.reference_name]
+        if given and given != named:
+            raise InvalidInputError(
+                self.reference_name, given, f"disagrees with {self.reference_field}, which names {named!r}",
+                f"Give either {self.reference_field} or {self.reference_name}",
+            )
+        setattr(self, self.reference_name, named)
+        self.namespace = self.namespace or reference.get("namespace")
+        self.raytpu_conn_id = self.raytpu_conn_id or reference.get(CONN_KEY) or reference.get(OLD_CONN_KEY)
+        return reference
+
+    def require_name(self) -> str:
+        """The (rendered) name this task works on, or an error saying how to give it."""
+        name = getattr(self, self.reference_name)
+        if not name:
+            raise InvalidInputError(
+                self.reference_name, name, "is not given",
+                f"Pass {self.reference_field}=<creating task>.output, or {self.reference_name}=...",
+            )
+        return name
+
+    @property
+    def conn_id(self) -> str:
+        """The ``raytpu`` connection: given, from the reference, or ``raytpu_default``."""
+        return self.raytpu_conn_id or DEFAULT_CONN_ID
 
     @cached_property
     def hook(self) -> RayTpuHook:
-        return RayTpuHook(self.raytpu_conn_id)
+        """The task's one ``raytpu`` connection lookup and backend (every client of the task shares it)."""
+        return RayTpuHook(self.conn_id)
 
     @property
     def backend(self) -> ClusterBackend:
@@ -95,7 +169,7 @@ class ClusterTaskMixin:
         return {
             "cluster_name": name,
             "namespace": namespace,
-            "conn_id": self.raytpu_conn_id,
+            CONN_KEY: self.conn_id,
             "tpu": tpu,
             "dashboard_url": self.backend.dashboard(name, namespace).url,
         }
@@ -104,11 +178,14 @@ class ClusterTaskMixin:
 class ServiceTaskMixin(ClusterTaskMixin):
     """An operator or sensor that works on a RayService.
 
-    Subclasses declare ``service_name``, ``namespace`` and ``raytpu_conn_id`` as template
-    fields, so ``"{{ ti.xcom_pull('deploy')['service_name'] }}"`` works.
+    It takes the service reference (``service=deploy.output``) or ``service_name``,
+    ``namespace`` and ``raytpu_conn_id`` (all templated), or both, the explicit ones winning.
     """
 
     service_name: str | None
+    service: Any = None
+    reference_field = "service"
+    reference_name = "service_name"
 
     @property
     def service_backend(self) -> ServiceBackend:

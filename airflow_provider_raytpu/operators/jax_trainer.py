@@ -9,21 +9,24 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.manifests.names import resource_name
-from airflow_provider_raytpu.operators.base import fail_fast
 from airflow_provider_raytpu.operators.ray_data import asset_for
-from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
-from airflow_provider_raytpu.operators.raycluster import SLICE_FIELDS
+from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator, cycle_start
+from airflow_provider_raytpu.operators.raycluster import SLICE_FIELDS, check_literal_slice
 from airflow_provider_raytpu.tpu import TpuSlice
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-def run_name_of(context: Context) -> str:
-    """Ray Train's run name: stable for a DAG run and task, so every retry resumes the same run."""
+def run_name_of(context: Context, cycle: int | None) -> str:
+    """Ray Train's run name: the same for every retry of a task in a DAG run, so a retry resumes.
+
+    :param cycle: the try that started this cycle of the task (:func:`cycle_start`): a Clear
+        starts a new cycle, so a new run from step 0; ``None``: the first cycle's run, across Clears.
+    """
     ti = context["ti"]
-    digest = hashlib.sha256(f"{ti.dag_id}|{ti.run_id}|{ti.map_index}".encode()).hexdigest()[:10]
+    identity = f"{ti.dag_id}|{ti.run_id}|{ti.task_id}|{ti.map_index}" + (f"|{cycle}" if cycle and cycle > 1 else "")
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
     readable = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{ti.dag_id}.{ti.task_id}")[:100].strip("-.")
     return f"{readable}-{digest}"
 
@@ -33,12 +36,14 @@ class JaxTrainerOperator(SubmitRayJobOperator):
 
     Workers = hosts per slice x slices, placed by Ray on whole slices from the
     cluster's recorded slice shape (pass the slice fields only to assert it). The run
-    name is stable per DAG run and task, so an Airflow retry after a failed or lost
-    job resumes from the latest checkpoint in ``checkpoint_uri`` instead of step 0,
-    and a failed worker (a preempted host) is restarted up to ``max_failures`` times
-    within the job. Returns ``metrics``, ``checkpoint_uri`` (the latest checkpoint),
-    ``steps``, ``resumed_from_step`` and ``run_name``.
+    name is the same for every retry of the task in a DAG run, so an Airflow retry after
+    a failed or lost job resumes from the latest checkpoint in ``checkpoint_uri`` instead
+    of step 0, and a failed worker (a preempted host) is restarted up to ``max_failures``
+    times within the job. A user's Clear starts a new run from step 0 (the run name
+    includes the cycle), unless ``resume_on_clear``. Returns ``metrics``,
+    ``checkpoint_uri`` (the latest checkpoint), ``steps``, ``resumed_from_step`` and ``run_name``.
 
+    :param cluster: the cluster reference (``create.output``), instead of ``cluster_name``.
     :param cluster_name: the RayCluster's name.
     :param train_loop: ``"package.module:train_loop_per_worker"``; ship the package in
         ``runtime_env={"py_modules": [...]}`` unless the image has it.
@@ -54,6 +59,8 @@ class JaxTrainerOperator(SubmitRayJobOperator):
     :param num_slices: optional; must agree with the cluster's slice.
     :param spot: optional, with the slice fields; spot capacity does not change the shape.
     :param chips_per_host: optional; must agree with the cluster's slice.
+    :param resume_on_clear: after a user's Clear, resume the run the cleared task trained
+        (its newest checkpoint) instead of starting a new run from step 0.
     :param kwargs: everything :class:`SubmitRayJobOperator` takes (namespace, runtime_env, ...).
     """
 
@@ -66,7 +73,6 @@ class JaxTrainerOperator(SubmitRayJobOperator):
     def __init__(
         self,
         *,
-        cluster_name: str,
         train_loop: str,
         checkpoint_uri: str,
         config: Mapping[str, Any] | None = None,
@@ -80,10 +86,18 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         num_slices: int | str | None = None,
         spot: bool | str = False,
         chips_per_host: int | str | None = None,
+        resume_on_clear: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("outlets", asset_for(checkpoint_uri))
-        super().__init__(cluster_name=cluster_name, entrypoint="", **kwargs)
+        if (batch_size is None) != (ragged_policy is None):
+            raise InvalidInputError(
+                "batch_size/ragged_policy", (batch_size, ragged_policy), "are given one without the other",
+                "Give both (the driver checks the datasets split into whole batches before training) or neither",
+            )
+        if accelerator or topology:
+            check_literal_slice(accelerator or "", topology or "", num_slices or 1, spot, chips_per_host)
+        super().__init__(entrypoint="", **kwargs)
         self.train_loop = train_loop
         self.checkpoint_uri = checkpoint_uri
         self.config = config
@@ -97,24 +111,19 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         self.num_slices = num_slices
         self.spot = spot
         self.chips_per_host = chips_per_host
+        self.resume_on_clear = resume_on_clear
 
     def given_tpu(self) -> TpuSlice | None:
         if not self.accelerator and not self.topology:
             return None
         return TpuSlice(self.accelerator or "", self.topology or "", self.num_slices or 1, self.spot, self.chips_per_host)
 
-    def execute(self, context: Context) -> Any:
-        with fail_fast():
-            if (self.batch_size is None) != (self.ragged_policy is None):
-                raise InvalidInputError(
-                    "batch_size/ragged_policy", (self.batch_size, self.ragged_policy), "are given one without the other",
-                    "Give both (the driver checks the datasets split into whole batches before training) or neither",
-                )
-            name = resource_name(self.cluster_name, "cluster_name")
-            tpu = self.cluster_tpu(name, self.jobs.namespace, self.given_tpu())
-        self.log.info("Training on %s", tpu.describe())
+    def prepare_entrypoint(self, context: Context) -> None:
+        tpu = self.cluster_tpu(self.jobs.cluster_name, self.jobs.namespace, self.given_tpu())
+        run_name = run_name_of(context, None if self.resume_on_clear else cycle_start(context, self.retries or 0))
+        self.log.info("Training on %s as Ray Train run %s", tpu.describe(), run_name)
         args = ["python", "-m", "airflow_provider_raytpu.workloads.train", "--train-loop", self.train_loop,
-                "--tpu", json.dumps(tpu.to_dict()), "--run-name", run_name_of(context),
+                "--tpu", json.dumps(tpu.to_dict()), "--run-name", run_name,
                 "--checkpoint-uri", self.checkpoint_uri, "--config", json.dumps(dict(self.config or {})),
                 "--datasets", json.dumps(dict(self.datasets or {})), "--max-failures", str(self.max_failures),
                 "--checkpoints-to-keep", str(self.checkpoints_to_keep)]
@@ -122,5 +131,4 @@ class JaxTrainerOperator(SubmitRayJobOperator):
             args += ["--batch-size", str(self.batch_size)]
         if self.ragged_policy:
             args += ["--ragged-policy", self.ragged_policy]
-        self.entrypoint = args
-        return super().execute(context)
+        self.job_args = args

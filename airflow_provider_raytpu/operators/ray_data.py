@@ -7,17 +7,16 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset
-from airflow_provider_raytpu.manifests.names import resource_name
-from airflow_provider_raytpu.operators.base import fail_fast
+from airflow_provider_raytpu.operators.base import is_templated
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-def asset_for(uri: str) -> list[Asset]:
-    """An outlet for a literal URI; a templated one is only known at run time."""
-    return [] if "{{" in uri else [Asset(uri)]
+def asset_for(uri: Any) -> list[Asset]:
+    """An outlet for a literal URI; a templated one (Jinja, an ``XComArg``) is only known at run time."""
+    return [Asset(uri)] if isinstance(uri, str) and uri and not is_templated(uri) else []
 
 
 class RayDataOperator(SubmitRayJobOperator):
@@ -31,6 +30,7 @@ class RayDataOperator(SubmitRayJobOperator):
     ``output_uri``, ``seconds`` and ``rows_per_second``. A literal ``output_uri`` is
     declared as an Airflow asset, so downstream DAGs can be scheduled on it.
 
+    :param cluster: the cluster reference (``create.output``), instead of ``cluster_name``.
     :param cluster_name: the RayCluster's name.
     :param input_uri: parquet/JSONL file or prefix, ``gs://`` or local.
     :param output_uri: parquet output prefix, e.g. ``gs://bucket/embeddings/{{ ds }}``.
@@ -55,7 +55,6 @@ class RayDataOperator(SubmitRayJobOperator):
     def __init__(
         self,
         *,
-        cluster_name: str,
         input_uri: str,
         output_uri: str,
         transform: str,
@@ -70,7 +69,7 @@ class RayDataOperator(SubmitRayJobOperator):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("outlets", asset_for(output_uri))
-        super().__init__(cluster_name=cluster_name, entrypoint="", **kwargs)
+        super().__init__(entrypoint="", **kwargs)
         self.input_uri = input_uri
         self.output_uri = output_uri
         self.transform = transform
@@ -83,10 +82,9 @@ class RayDataOperator(SubmitRayJobOperator):
         self.transform_kwargs = transform_kwargs
         self.batch_format = batch_format
 
-    def execute(self, context: Context) -> Any:
+    def prepare_entrypoint(self, context: Context) -> None:
         if self.actor_per_tpu_host:
-            with fail_fast():
-                tpu = self.cluster_tpu(resource_name(self.cluster_name, "cluster_name"), self.jobs.namespace)
+            tpu = self.cluster_tpu(self.jobs.cluster_name, self.jobs.namespace)
             self.concurrency, self.num_tpus_per_actor = tpu.total_hosts, tpu.host_chips
             self.log.info("One actor per TPU host: %d actors of %d chips", tpu.total_hosts, tpu.host_chips)
         args = ["python", "-m", "airflow_provider_raytpu.workloads.preprocess", "--input", self.input_uri,
@@ -98,5 +96,4 @@ class RayDataOperator(SubmitRayJobOperator):
             args += ["--resources", json.dumps(dict(self.resources))]
         if self.transform_kwargs:
             args += ["--transform-kwargs", json.dumps(dict(self.transform_kwargs))]
-        self.entrypoint = args
-        return super().execute(context)
+        self.job_args = args

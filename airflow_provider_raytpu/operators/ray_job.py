@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator, BaseOperatorLink
-from airflow.sdk.exceptions import AirflowException
-from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, TERMINAL, JobIdentity, RayJobsHook
 from airflow_provider_raytpu.manifests.names import resource_name
-from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast
+from airflow_provider_raytpu.operators.base import ClusterTaskMixin, default_deferrable, fail_fast
+from airflow_provider_raytpu.status import ClusterStatus, Phase, ReconcileFailureGrace
 from airflow_provider_raytpu.triggers.ray_job import RayJobTrigger
-from airflow_provider_raytpu.workloads.result import last_result
+from airflow_provider_raytpu.triggers.raycluster import DEFAULT_GRACE_PERIOD, RayClusterReadyTrigger
+from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, last_result
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -24,6 +28,9 @@ if TYPE_CHECKING:
 
 LOG_TAIL_LINES = 50
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
+STOP_TIMEOUT_SECONDS = 120.0
+PROGRESS_SECONDS = 10.0
+SECRET_FLAGS = ("--config", "--transform-kwargs")
 
 
 class RayJobLink(BaseOperatorLink):
@@ -43,13 +50,34 @@ def identity_of(context: Context) -> JobIdentity:
     return JobIdentity(ti.dag_id, ti.task_id, ti.run_id, map_index, ti.try_number)
 
 
-def is_fresh_start(context: Context, retries: int) -> bool:
-    """Whether this try starts a new cycle: the first try, or the first after a user's Clear.
+def cycle_start(context: Context, retries: int) -> int:
+    """The try that started this cycle of the task: 1, or the first try after the latest Clear.
 
     Clearing a task sets ``max_tries = try_number + retries``; retries leave it alone.
     """
     ti = context["ti"]
-    return ti.try_number - 1 <= ti.max_tries - retries
+    return ti.max_tries - retries + 1
+
+
+def is_fresh_start(context: Context, retries: int) -> bool:
+    """Whether this try starts a new cycle: the first try, or the first after a user's Clear."""
+    return context["ti"].try_number <= cycle_start(context, retries)
+
+
+def shown_command(args: Sequence[Any]) -> str:
+    """A command for the task log: the JSON after ``--config`` / ``--transform-kwargs`` (which may
+    hold secrets) is shown as its keys only."""
+    shown: list[str] = []
+    for arg in (str(a) for a in args):
+        if shown and shown[-1] in SECRET_FLAGS:
+            try:
+                value = json.loads(arg)
+            except ValueError:
+                value = None
+            keys = ", ".join(str(k) for k in value) if isinstance(value, dict) else ""
+            arg = f"<JSON with keys: {keys}>" if keys else "<JSON>"
+        shown.append(arg)
+    return shlex.join(shown)
 
 
 class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
@@ -60,26 +88,38 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
     pending or running job is reattached to (never a second job), a succeeded one
     returns its result without rerunning, a failed or stopped one is submitted again
     (and resumes from its checkpoints, when it keeps any). A user's Clear starts over.
+    Before any new submission, jobs of this task still pending or running are stopped and
+    waited for, so two drivers never share a run directory or a slice.
+
+    A cluster that is not READY yet (e.g. re-created by a cleared setup task) is waited for,
+    with its progress in the log (deferred to the triggerer when deferrable), up to
+    ``cluster_ready_timeout`` seconds; a FAILED one fails the task.
 
     The job reports its result by printing ``RAYTPU_RESULT <json>``
     (``airflow_provider_raytpu.workloads.result.report_result``); the last such line
-    is the task's return value. A failed job fails the task with its last 50 log lines.
+    is the task's return value. A failed job fails the task with its last 50 log lines;
+    a job whose driver exits with code 2 (bad input: a typo in an import path, a missing
+    column) fails it without retries.
 
+    :param cluster: the cluster reference (``create.output``), instead of ``cluster_name``.
     :param cluster_name: the RayCluster's name.
     :param entrypoint: the command, as a string or a list of arguments (joined with ``shlex.join``).
-    :param namespace: the namespace; default: the connection's.
-    :param raytpu_conn_id: the ``raytpu`` connection.
+    :param namespace: the namespace; default: the reference's, else the connection's.
+    :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
     :param runtime_env: Ray runtime_env (working_dir, py_modules, env_vars, pip).
     :param ship_provider: add this provider's package to ``py_modules``, so entrypoints can
         run ``python -m airflow_provider_raytpu.workloads...`` on a stock Ray image.
     :param entrypoint_num_cpus: CPUs reserved for the driver.
     :param entrypoint_resources: custom resources reserved for the driver.
     :param metadata: extra job metadata.
-    :param deferrable: wait in the triggerer instead of a worker slot.
+    :param deferrable: wait in the triggerer instead of a worker slot; default:
+        ``[operators] default_deferrable``.
     :param poll_interval: seconds between status polls.
+    :param cluster_ready_timeout: seconds to wait for a cluster that is not READY.
     """
 
     template_fields: Sequence[str] = (
+        "cluster",
         "cluster_name",
         "namespace",
         "raytpu_conn_id",
@@ -91,24 +131,31 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
     template_fields_renderers = {"runtime_env": "json", "metadata": "json"}
     operator_extra_links = (RayJobLink(),)
     ui_color = "#fef7e0"
+    # The entrypoint a subclass builds in execute() is shown in the rendered-template view.
+    overwrite_rtif_after_execution = True
 
     def __init__(
         self,
         *,
-        cluster_name: str,
         entrypoint: str | Sequence[str],
+        cluster: Any = None,
+        cluster_name: str | None = None,
         namespace: str | None = None,
-        raytpu_conn_id: str = DEFAULT_CONN_ID,
+        raytpu_conn_id: str | None = None,
         runtime_env: Mapping[str, Any] | None = None,
         ship_provider: bool = True,
         entrypoint_num_cpus: float | None = None,
         entrypoint_resources: Mapping[str, float] | None = None,
         metadata: Mapping[str, str] | None = None,
-        deferrable: bool = True,
+        deferrable: bool | None = None,
         poll_interval: float = 2.0,
+        cluster_ready_timeout: float = 3600.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if cluster is None and cluster_name is None:
+            raise TypeError(f"{type(self).__name__} needs cluster=<create task>.output or cluster_name=...")
+        self.cluster = cluster
         self.cluster_name = cluster_name
         self.entrypoint = entrypoint
         self.namespace = namespace
@@ -118,18 +165,36 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         self.entrypoint_num_cpus = entrypoint_num_cpus
         self.entrypoint_resources = entrypoint_resources
         self.metadata = metadata
-        self.deferrable = deferrable
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
         self.poll_interval = poll_interval
+        self.cluster_ready_timeout = cluster_ready_timeout
         self.submission_id: str | None = None
+        self.job_args: list[str] | None = None
 
     @cached_property
     def jobs(self) -> RayJobsHook:
-        return RayJobsHook(resource_name(self.cluster_name, "cluster_name"), self.namespace, self.raytpu_conn_id)
+        """The Ray Jobs API of the cluster, through the task's one backend."""
+        return RayJobsHook(resource_name(self.require_name(), "cluster_name"), self.namespace, self.conn_id,
+                           cluster_hook=self.hook)
+
+    def prepare_entrypoint(self, context: Context) -> None:
+        """Build the command once the cluster is READY (a subclass sets :attr:`job_args` here)."""
 
     def entrypoint_command(self) -> str:
+        """The command submitted: :attr:`job_args` when built, else ``entrypoint`` as given."""
+        if self.job_args is not None:
+            return shlex.join(self.job_args)
         if isinstance(self.entrypoint, str):
             return self.entrypoint
         return shlex.join(str(arg) for arg in self.entrypoint)
+
+    def show_entrypoint(self, command: str) -> None:
+        """Show ``command`` as the rendered entrypoint; JSON arguments that may hold secrets by their keys only."""
+        try:
+            args = shlex.split(command)
+        except ValueError:
+            args = []
+        self.entrypoint = shown_command(args) if set(args) & set(SECRET_FLAGS) else command
 
     def job_runtime_env(self) -> dict[str, Any]:
         env = dict(self.runtime_env or {})
@@ -139,12 +204,82 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
                 env["py_modules"] = [*modules, str(PACKAGE_DIR)]
         return env
 
+    @contextlib.contextmanager
+    def _task_clients(self) -> Iterator[None]:
+        """The task's one backend, closed when the task (or this part of it) ends."""
+        try:
+            yield
+        finally:
+            if "hook" in self.__dict__ and "backend" in self.hook.__dict__:
+                self.hook.backend.close()
+
     def execute(self, context: Context) -> Any:
+        with self._task_clients():
+            self._wait_until_ready()
+            return self._run(context)
+
+    def execute_when_ready(self, context: Context, event: dict[str, Any]) -> Any:
+        """Back from waiting in the triggerer for the cluster to be READY."""
+        with self._task_clients():
+            if event["status"] == "ERROR":
+                raise AirflowFailException(event["message"])
+            if event["status"] != Phase.READY.value:
+                self._not_ready(event.get("cluster") and ClusterStatus.from_dict(event["cluster"]),
+                                event.get("diagnosis", ""))
+            return self._run(context)
+
+    def _wait_until_ready(self) -> None:
+        """Return once the cluster is READY: at once, after waiting here, or (deferrable) in the triggerer."""
         with fail_fast():
+            name, namespace = self.jobs.cluster_name, self.jobs.namespace
+            status = self.backend.cluster_status(name, namespace)
+        if status.phase is Phase.READY:
+            return
+        if status.phase is not Phase.PROVISIONING:
+            self._not_ready(status, "")
+        self.log.info("RayCluster %s/%s is not ready yet (%s); waiting up to %.0f s before submitting",
+                      namespace, name, status.message, self.cluster_ready_timeout)
+        if self.deferrable:
+            self.defer(
+                trigger=RayClusterReadyTrigger(cluster_name=name, namespace=namespace, raytpu_conn_id=self.conn_id,
+                                               deadline=time.time() + self.cluster_ready_timeout,
+                                               poll_interval=self.poll_interval),
+                method_name="execute_when_ready",
+                timeout=timedelta(seconds=self.cluster_ready_timeout + 120),
+            )
+        deadline = time.monotonic() + self.cluster_ready_timeout
+        grace = ReconcileFailureGrace(DEFAULT_GRACE_PERIOD)
+        shown = status.message
+        while status.phase is Phase.PROVISIONING and time.monotonic() < deadline:
+            time.sleep(min(self.poll_interval, PROGRESS_SECONDS))
+            status = grace.judge(self.backend.cluster_status(name, namespace), time.time())
+            if status.message != shown:
+                shown = status.message
+                self.log.info("RayCluster %s/%s: %s: %s", namespace, name, status.phase.value, status.message)
+        if status.phase is not Phase.READY:
+            self._not_ready(status, self.backend.diagnose(name, namespace))
+        self.log.info("RayCluster %s/%s is ready: %s", namespace, name, status.message)
+
+    def _not_ready(self, status: ClusterStatus | None, diagnosis: str) -> NoReturn:
+        where = f"RayCluster {self.jobs.namespace}/{self.jobs.cluster_name}"
+        if status is not None and status.phase is Phase.FAILED:
+            raise AirflowFailException(f"{where} failed: {status.message}")
+        if status is not None and status.phase is Phase.GONE:
+            raise AirflowException(
+                f"{where} does not exist ({status.message}); nothing to run the job on. If its teardown ran, clear "
+                "the task together with its setup tasks (mark the create task and the ready sensor as setups "
+                "of the teardown, and a Clear re-runs them)")
+        raise AirflowException(f"{where} not ready after {self.cluster_ready_timeout:.0f} s.\n{diagnosis}")
+
+    def _run(self, context: Context) -> Any:
+        with fail_fast():
+            self.prepare_entrypoint(context)
+            command = self.entrypoint_command()
+            self.show_entrypoint(command)
             identity = identity_of(context)
             jobs = self.jobs
             previous = jobs.find_jobs(identity)
-        submission_id = self._reattach_or_resubmit(context, identity, previous)
+        submission_id = self._reattach_or_resubmit(context, identity, previous, command)
         if submission_id is None:
             return self._result(previous[0].submission_id)
         self.submission_id = submission_id
@@ -155,21 +290,17 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
                     submission_id=submission_id,
                     cluster_name=jobs.cluster_name,
                     namespace=jobs.namespace,
-                    raytpu_conn_id=self.raytpu_conn_id,
+                    raytpu_conn_id=self.conn_id,
                     poll_interval=self.poll_interval,
                 ),
                 method_name="execute_complete",
             )
         return self._wait(submission_id)
 
-    def _reattach_or_resubmit(self, context: Context, identity: JobIdentity, previous: list[Any]) -> str | None:
+    def _reattach_or_resubmit(self, context: Context, identity: JobIdentity, previous: list[Any],
+                              command: str) -> str | None:
         """The job to follow: reattached, or newly submitted; ``None`` when the newest already succeeded."""
-        if is_fresh_start(context, self.retries or 0):
-            for job in previous:
-                if str(job.status) in ACTIVE:
-                    self.log.warning("Stopping Ray job %s left running by an earlier run of this task", job.submission_id)
-                    self.jobs.stop(job.submission_id)
-        elif previous:
+        if not is_fresh_start(context, self.retries or 0) and previous:
             newest = previous[0]
             status = str(newest.status)
             if status in ACTIVE:
@@ -180,16 +311,32 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
                 self.log.info("Ray job %s already succeeded; returning its result", newest.submission_id)
                 return None
             self.log.info("Ray job %s ended %s; submitting try %s", newest.submission_id, status, identity.try_number)
+        self._stop_leftovers(previous)
         submission_id = self.jobs.submit(
             identity,
-            self.entrypoint_command(),
+            command,
             runtime_env=self.job_runtime_env(),
             entrypoint_num_cpus=self.entrypoint_num_cpus,
             entrypoint_resources=self.entrypoint_resources,
             metadata=self.metadata,
         )
-        self.log.info("Submitted Ray job %s: %s", submission_id, self.entrypoint_command())
+        self.log.info("Submitted Ray job %s: %s", submission_id, self.entrypoint)
         return submission_id
+
+    def _stop_leftovers(self, previous: list[Any]) -> None:
+        """Stop this task's jobs still pending or running, and wait until each has ended."""
+        leftovers = [job.submission_id for job in previous if str(job.status) in ACTIVE]
+        for submission_id in leftovers:
+            self.log.warning("Stopping Ray job %s left running by an earlier run of this task", submission_id)
+            self.jobs.stop(submission_id)
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        for submission_id in leftovers:
+            while (status := self.jobs.status(submission_id)[0]) not in TERMINAL:
+                if time.monotonic() > deadline:
+                    raise AirflowException(f"Ray job {submission_id} is still {status} {STOP_TIMEOUT_SECONDS:.0f} s "
+                                           "after it was asked to stop; not submitting a second driver next to it")
+                time.sleep(min(self.poll_interval, 1.0))
+            self.log.info("Ray job %s ended %s", submission_id, status)
 
     def _persist_link(self, context: Context, submission_id: str) -> None:
         url = self.jobs.browser_url
@@ -209,18 +356,22 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
             time.sleep(self.poll_interval)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
-        self.submission_id = event["submission_id"]
-        if event["status"] == "ERROR":
-            raise AirflowException(event["message"])
-        return self._finish(event["submission_id"], event["status"], event["message"], self.jobs.logs(event["submission_id"]))
+        with self._task_clients():
+            self.submission_id = event["submission_id"]
+            if event["status"] == "ERROR":
+                raise AirflowException(event["message"])
+            self.show_entrypoint(self.jobs.info(self.submission_id).entrypoint)
+            return self._finish(event["submission_id"], event["status"], event["message"],
+                                self.jobs.logs(event["submission_id"]))
 
     def _finish(self, submission_id: str, status: str, message: str, logs: str) -> Any:
         if status == "SUCCEEDED":
             return last_result(logs)
         tail = "\n".join(logs.splitlines()[-LOG_TAIL_LINES:])
-        raise AirflowException(
-            f"Ray job {submission_id} {status}: {message}\n--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
-        )
+        text = f"Ray job {submission_id} {status}: {message}\n--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
+        if status == "FAILED" and self.jobs.info(submission_id).driver_exit_code == EXIT_BAD_INPUT:
+            raise AirflowFailException(f"{text}\nThe job exited with code {EXIT_BAD_INPUT} (bad input): not retried")
+        raise AirflowException(text)
 
     def _result(self, submission_id: str) -> Any:
         return last_result(self.jobs.logs(submission_id))

@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
-from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, resource_name
+from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, owned_name, resource_name
 from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
 from airflow_provider_raytpu.manifests.raycluster import (
     EXPIRES_AT_ANNOTATION,
+    ORIGINATED_FROM_LABEL,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     build_ray_cluster,
     parse_expiry,
 )
-from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast, origin_of, wait_until_gone
+from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER
+from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast, is_templated, origin_of
+from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
 from airflow_provider_raytpu.tpu import TpuSlice, parse_bool
 
 if TYPE_CHECKING:
@@ -28,10 +29,12 @@ SLICE_FIELDS = ("accelerator", "topology", "num_slices", "spot", "chips_per_host
 
 
 def default_cluster_name(context: Context) -> str:
-    """One cluster per DAG run: the DAG id and a hash of the run id, the same on every retry."""
+    """One cluster per DAG run and create task: the DAG and task ids, and a hash of DAG id, run id,
+    task id and map index (so ``etl_daily`` and ``etl.daily`` differ), the same on every retry."""
     ti = context["ti"]
-    run = hashlib.sha256(ti.run_id.encode()).hexdigest()[:8]
-    return resource_name(f"{ti.dag_id[: RAY_CLUSTER_NAME_LIMIT - 9]}-{run}", "cluster_name")
+    map_index = ti.map_index if ti.map_index is not None else -1
+    return owned_name(f"{ti.dag_id}-{ti.task_id}", (ti.dag_id, ti.run_id, ti.task_id, map_index), "cluster_name",
+                      RAY_CLUSTER_NAME_LIMIT)
 
 
 class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
@@ -40,26 +43,31 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
     Declare the slice shape, never a chip count: hosts per slice, chips per host, the
     GKE node pool selector and Ray's TPU resources all follow from it. Slice fields are
     templated, so a UI trigger's params can choose the shape; they are parsed strictly
-    and checked before any API call. A retry adopts the cluster its first try made
-    (same spec hash); a different cluster of the same name is an error unless
-    ``update_if_exists``. Returns the cluster reference
-    ``{"cluster_name", "namespace", "conn_id", "tpu", "dashboard_url"}``.
+    and checked before any API call; written as literals they are checked when the DAG is
+    parsed (a mistake shows as an import error). A retry adopts the cluster its first try
+    made (same owner: DAG, run and task; same spec hash). A same-named cluster of another
+    DAG, run or task, or one this provider did not make, is a conflict naming its owner;
+    our own with another spec is a conflict too, unless ``update_if_exists``, which
+    recreates it (delete, wait until gone, create: the pods of a RayCluster do not follow a
+    spec change). Returns the cluster reference
+    ``{"cluster_name", "namespace", "raytpu_conn_id", "tpu", "dashboard_url"}``.
 
     :param accelerator: TPU generation, e.g. ``"v6e"``.
     :param topology: slice shape, e.g. ``"4x4"``.
     :param num_slices: number of identical slices.
     :param spot: use spot (preemptible) TPU capacity.
     :param chips_per_host: chips per host where the generation offers a choice.
-    :param cluster_name: the RayCluster's name; default: the DAG id and a hash of the run id.
+    :param cluster_name: the RayCluster's name; default: the DAG and task ids and a hash of
+        DAG id, run id, task id and map index (one cluster per DAG run and task, the same on every retry).
     :param namespace: the namespace; default: the connection's.
-    :param raytpu_conn_id: the ``raytpu`` connection.
+    :param raytpu_conn_id: the ``raytpu`` connection; default: ``raytpu_default``.
     :param cluster_options: image, resources, env, ray start flags, service account, labels,
         annotations and pod-template fragments: a
         :class:`~airflow_provider_raytpu.manifests.options.RayClusterOptions` or a dict of
         its fields, every field templated. Each field can also be given as a keyword
         argument of its own (``image=...``, ``env=...``), but not both ways.
     :param max_lifetime: after this, :class:`DeleteExpiredRayClustersOperator` deletes the cluster.
-    :param update_if_exists: update a same-named cluster whose spec differs instead of failing.
+    :param update_if_exists: recreate this task's own cluster when its spec differs, instead of failing.
     """
 
     template_fields: Sequence[str] = (
@@ -83,13 +91,14 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         chips_per_host: int | str | None = None,
         cluster_name: str | None = None,
         namespace: str | None = None,
-        raytpu_conn_id: str = DEFAULT_CONN_ID,
+        raytpu_conn_id: str | None = None,
         cluster_options: RayClusterOptions | Mapping[str, Any] | str | None = None,
         max_lifetime: timedelta = timedelta(hours=24),
         update_if_exists: bool | str = False,
         **kwargs: Any,
     ) -> None:
         options = take_cluster_options(cluster_options, kwargs)
+        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host)
         super().__init__(**kwargs)
         self.accelerator = accelerator
         self.topology = topology
@@ -124,52 +133,61 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         return self.cluster_reference(name, namespace, tpu.to_dict())
 
 
-class DeleteRayClusterOperator(ClusterTaskMixin, BaseOperator):
+def check_literal_slice(*fields: Any) -> None:
+    """Check a slice shape written as literals when the DAG is parsed (an import error in the UI).
+
+    Templated values (Jinja, ``XComArg``) are known only at run time, and checked then.
+
+    :param fields: accelerator, topology, num_slices, spot and chips_per_host as given.
+    """
+    if not any(is_templated(value) for value in fields):
+        TpuSlice(*fields)
+
+
+class DeleteRayClusterOperator(DeleteOwnedOperator):
     """Delete a RayCluster; succeeds when it is already gone. Use it as a teardown task.
 
-    ``delete.as_teardown(setups=create)`` runs it whatever happened upstream, so TPU
-    slices are released even when training failed.
+    ``delete.as_teardown(setups=[create, ready])`` runs it whatever happened upstream, so
+    TPU slices are released even when training failed. Without ``cluster_name`` (and
+    ``cluster``) it needs no XCom: it deletes the RayClusters this DAG run's create tasks
+    made, found by their owner labels, so a create that applied the cluster and then
+    failed still has it deleted. Returns ``{"cluster_name", "cluster_names", "namespace",
+    "deleted"}``.
 
-    :param cluster_name: the RayCluster's name.
-    :param namespace: the namespace; default: the connection's.
-    :param raytpu_conn_id: the ``raytpu`` connection.
+    :param cluster: the cluster reference (``create.output``), instead of ``cluster_name``.
+    :param cluster_name: the RayCluster's name; default: found by owner (see above).
+    :param namespace: the namespace; default: the reference's, else the connection's.
+    :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
+    :param created_by: without a name, delete what these create task ids made; default: the
+        :class:`CreateRayClusterOperator` tasks upstream of this one, else every task of the run.
     :param wait_for_deletion: wait until the RayCluster object is gone.
     :param deletion_timeout: seconds to wait for that.
     :param poll_interval: seconds between checks while waiting.
     """
 
-    template_fields: Sequence[str] = ("cluster_name", "namespace", "raytpu_conn_id")
-    ui_color = "#fde8e8"
+    template_fields: Sequence[str] = ("cluster", "cluster_name", "namespace", "raytpu_conn_id", "created_by")
+    kind = "RayCluster"
+    owner_keys = CLUSTER_OWNER
+    name_limit = RAY_CLUSTER_NAME_LIMIT
+    # A RayService's clusters carry its owner labels too (KubeRay copies them): they are the service's.
+    other_selectors = (f"!{ORIGINATED_FROM_LABEL}",)
 
-    def __init__(
-        self,
-        *,
-        cluster_name: str,
-        namespace: str | None = None,
-        raytpu_conn_id: str = DEFAULT_CONN_ID,
-        wait_for_deletion: bool = False,
-        deletion_timeout: float = 600,
-        poll_interval: float = 2,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, cluster: Any = None, cluster_name: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.cluster = cluster
         self.cluster_name = cluster_name
-        self.namespace = namespace
-        self.raytpu_conn_id = raytpu_conn_id
-        self.wait_for_deletion = wait_for_deletion
-        self.deletion_timeout = deletion_timeout
-        self.poll_interval = poll_interval
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        with fail_fast():
-            name = resource_name(self.cluster_name, "cluster_name")
-            namespace = self.resolved_namespace()
-            deleted = self.backend.delete_cluster(name, namespace)
-            self.log.info("RayCluster %s/%s %s", namespace, name, "deleted" if deleted else "was already gone")
-            if self.wait_for_deletion:
-                wait_until_gone("RayCluster", name, namespace, self.backend.get_cluster, self.deletion_timeout,
-                                self.poll_interval)
-        return {"cluster_name": name, "namespace": namespace, "deleted": deleted}
+    def creates(self, task: Any) -> bool:
+        return isinstance(task, CreateRayClusterOperator)
+
+    def get_object(self, name: str, namespace: str) -> dict[str, Any] | None:
+        return self.backend.get_cluster(name, namespace)
+
+    def delete_object(self, name: str, namespace: str) -> bool:
+        return self.backend.delete_cluster(name, namespace)
+
+    def list_objects(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return self.backend.list_clusters(namespace, label_selector)
 
 
 class DeleteExpiredRayClustersOperator(ClusterTaskMixin, BaseOperator):
@@ -191,7 +209,7 @@ class DeleteExpiredRayClustersOperator(ClusterTaskMixin, BaseOperator):
         *,
         namespace: str | None = None,
         all_namespaces: bool = False,
-        raytpu_conn_id: str = DEFAULT_CONN_ID,
+        raytpu_conn_id: str | None = None,
         dry_run: bool = False,
         **kwargs: Any,
     ) -> None:

@@ -6,22 +6,24 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
+from airflow_provider_raytpu.backends.apply import SERVICE_OWNER
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, resource_name
+from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, owned_name, resource_name
 from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
-from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, RUN_ID_KEY, TASK_ID_KEY
+from airflow_provider_raytpu.manifests.raycluster import tpu_slice_of
 from airflow_provider_raytpu.manifests.rayservice import (
     UPDATE_ANNOTATION,
     build_ray_service,
     parse_version,
-    rollback_target,
+    rolled_back_by,
+    rolled_back_service,
     service_version,
     version_history,
 )
 from airflow_provider_raytpu.manifests.serveconfig import ServeApplication
-from airflow_provider_raytpu.operators.base import ServiceTaskMixin, fail_fast, origin_of, wait_until_gone
-from airflow_provider_raytpu.operators.raycluster import SLICE_FIELDS
+from airflow_provider_raytpu.operators.base import CONN_KEY, ServiceTaskMixin, fail_fast, origin_of
+from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
+from airflow_provider_raytpu.operators.raycluster import SLICE_FIELDS, check_literal_slice
 from airflow_provider_raytpu.tpu import TpuSlice, parse_bool
 
 if TYPE_CHECKING:
@@ -29,8 +31,12 @@ if TYPE_CHECKING:
 
 
 def default_service_name(context: Context) -> str:
-    """One RayService per DAG: it outlives runs, which promote new versions to it."""
-    return resource_name(context["ti"].dag_id, "service_name", RAY_SERVICE_NAME_LIMIT)
+    """One RayService per DAG and deploy task: it outlives runs, which promote new versions to it.
+
+    The DAG and task ids, and a hash of both (so ``etl_daily`` and ``etl.daily`` differ).
+    """
+    ti = context["ti"]
+    return owned_name(f"{ti.dag_id}-{ti.task_id}", (ti.dag_id, ti.task_id), "service_name", RAY_SERVICE_NAME_LIMIT)
 
 
 def previous_version(history: Sequence[str], version: str) -> str | None:
@@ -43,11 +49,11 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
 
     The serving cluster is a RayCluster of ``num_slices`` whole slices, rendered exactly like
     :class:`~airflow_provider_raytpu.operators.raycluster.CreateRayClusterOperator`'s (slice
-    fields templated and parsed strictly). Ray Serve LLM applications get
-    ``accelerator_type`` and ``accelerator_config: {kind: tpu, topology}`` from the slice, and
-    a preflight refuses, before anything is applied, a replica that cannot land on ONE slice
-    (a multi-host LLM without topology or with another topology; a plain deployment asking
-    for more chips than a host has without placement-group bundles across hosts).
+    fields templated and parsed strictly; literals checked when the DAG is parsed). Ray Serve
+    LLM applications get ``accelerator_type`` and ``accelerator_config: {kind: tpu, topology}``
+    from the slice, and a preflight refuses, before anything is applied, a replica that cannot
+    land on ONE slice (a multi-host LLM without topology or with another topology; a plain
+    deployment asking for more chips than a host has without placement-group bundles across hosts).
 
     The ``version`` (e.g. the checkpoint URI a training task returned) is recorded on the
     RayService and written into each application's ``version_arg``. KubeRay starts a new
@@ -57,8 +63,13 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
     need room for new replicas on a slice that has none. ``in_place=True`` changes only the
     Serve config. Re-applying the same version is a no-op, so retries are safe.
     ``rollback=True`` promotes the version before the current one in the service's history
-    (rolling back twice toggles, like ``kubectl rollout undo``). Returns
-    ``{"service_name", "namespace", "conn_id", "version", "previous_version", "tpu", "serve_url"}``.
+    (rolling back twice toggles, like ``kubectl rollout undo``), as
+    :class:`RollbackRayServiceOperator` does.
+
+    A RayService outlives runs, so it belongs to the DAG and task that created it: later runs
+    of that task promote it; a same-named RayService of another DAG or task is a conflict
+    naming its owner. Returns ``{"service_name", "namespace", "raytpu_conn_id", "version",
+    "previous_version", "tpu", "serve_url"}``.
 
     :param applications: the Serve applications: dicts with ``name``, ``import_path`` and
         optionally ``route_prefix``, ``args``, ``deployments``, ``runtime_env``,
@@ -69,9 +80,10 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
     :param num_slices: number of identical slices in the serving cluster.
     :param spot: use spot (preemptible) TPU capacity.
     :param chips_per_host: chips per host where the generation offers a choice.
-    :param service_name: the RayService's name (at most 47 characters); default: the DAG id.
+    :param service_name: the RayService's name (at most 47 characters); default: the DAG and
+        task ids and a hash of both (one RayService per DAG and deploy task).
     :param namespace: the namespace; default: the connection's.
-    :param raytpu_conn_id: the ``raytpu`` connection.
+    :param raytpu_conn_id: the ``raytpu`` connection; default: ``raytpu_default``.
     :param in_place: change only the Serve config (no new cluster).
     :param rollback: promote the previous version from the service's history; ``version`` is then ignored.
     :param upgrade_strategy: KubeRay's ``upgradeStrategy.type``: ``NewCluster`` or ``None`` (with ``in_place``).
@@ -111,7 +123,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         chips_per_host: int | str | None = None,
         service_name: str | None = None,
         namespace: str | None = None,
-        raytpu_conn_id: str = DEFAULT_CONN_ID,
+        raytpu_conn_id: str | None = None,
         in_place: bool | str = False,
         rollback: bool | str = False,
         upgrade_strategy: str = "NewCluster",
@@ -121,6 +133,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         **kwargs: Any,
     ) -> None:
         options = take_cluster_options(cluster_options, kwargs)
+        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host)
         super().__init__(**kwargs)
         self.applications = applications
         self.version = version
@@ -139,34 +152,19 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         self.cluster_options = options
         self.cluster_deletion_delay_seconds = cluster_deletion_delay_seconds
 
-    def _version_to_deploy(self, context: Context, current: dict[str, Any] | None, rollback: bool,
-                           where: str) -> str:
-        if not rollback:
-            return parse_version(self.version)
-        if current is None:
-            raise InvalidInputError("rollback", True, f"RayService {where} does not exist",
-                                    "Deploy a version first; rollback promotes the one before the current")
-        notes = current["metadata"].get("annotations") or {}
-        origin = origin_of(context)
-        if (notes.get(DAG_ID_KEY), notes.get(RUN_ID_KEY), notes.get(TASK_ID_KEY)) == (
-            origin.dag_id, origin.run_id, origin.task_id
-        ):
-            # An earlier try of this task already rolled back: keep its result (a retry must not toggle).
-            return service_version(current) or rollback_target(current)
-        return rollback_target(current)
-
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
             tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host)
             options = RayClusterOptions.from_value(self.cluster_options)
             in_place = parse_bool(self.in_place, "in_place")
-            rollback = parse_bool(self.rollback, "rollback")
             name = resource_name(self.service_name or default_service_name(context), "service_name",
                                  RAY_SERVICE_NAME_LIMIT)
             namespace = self.resolved_namespace()
             backend = self.service_backend
             current = backend.get_service(name, namespace)
-            version = self._version_to_deploy(context, current, rollback, f"{namespace}/{name}")
+            if parse_bool(self.rollback, "rollback"):
+                return roll_back(self, context, name, namespace, current, in_place)
+            version = parse_version(self.version)
             manifest = build_ray_service(
                 name=name,
                 namespace=namespace,
@@ -181,83 +179,128 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
                 origin=origin_of(context),
                 cluster_deletion_delay_seconds=self.cluster_deletion_delay_seconds,
             )
-            previous = previous_version(version_history(manifest), version)
-            self.log.info(
-                "RayService %s/%s: %s version %r (previous %r) on %s", namespace, name,
-                "rolling back to" if rollback else "deploying", version, previous, tpu.describe(),
-            )
-            result = backend.apply_service(manifest)
-            serve_url = backend.serve_endpoint(name, namespace).url
-        how = manifest["metadata"]["annotations"][UPDATE_ANNOTATION]
-        self.log.info("RayService %s/%s %s (%s)", namespace, name, result.action.value,
-                      "nothing changed" if result.action.value == "adopted" else f"update: {how}")
-        return {
-            "service_name": name,
-            "namespace": namespace,
-            "conn_id": self.raytpu_conn_id,
-            "version": version,
-            "previous_version": previous,
-            "tpu": tpu.to_dict(),
-            "serve_url": serve_url,
-        }
+            self.log.info("RayService %s/%s: deploying version %r (previous %r) on %s", namespace, name, version,
+                          previous_version(version_history(manifest), version), tpu.describe())
+            apply_logged(self, manifest)
+            return service_reference(self, manifest)
 
 
-class RollbackRayServiceOperator(DeployRayServiceOperator):
-    """Promote the RayService's previous model version (read from its version history).
+def apply_logged(task: ServiceTaskMixin, manifest: dict[str, Any]) -> None:
+    """Apply a RayService manifest and say what happened."""
+    result = task.service_backend.apply_service(manifest)
+    how = manifest["metadata"]["annotations"][UPDATE_ANNOTATION]
+    task.log.info("RayService %s/%s %s (%s)", manifest["metadata"]["namespace"],  # type: ignore[attr-defined]
+                  manifest["metadata"]["name"], result.action.value,
+                  "nothing changed" if result.action.value == "adopted" else f"update: {how}")
 
-    Takes the same applications and slice as :class:`DeployRayServiceOperator`; the
-    version written into each application's ``version_arg`` is the previous one. A retry
-    of a rollback that already happened keeps it (it does not toggle back).
+
+def service_reference(task: ServiceTaskMixin, service: dict[str, Any]) -> dict[str, Any]:
+    """The reference every later task takes, for a RayService as applied (no secrets in it)."""
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    version = service_version(service)
+    tpu = tpu_slice_of(service)
+    return {
+        "service_name": name,
+        "namespace": namespace,
+        CONN_KEY: task.conn_id,
+        "version": version,
+        "previous_version": previous_version(version_history(service), version) if version else None,
+        "tpu": tpu.to_dict() if tpu else None,
+        "serve_url": task.service_backend.serve_endpoint(name, namespace).url,
+    }
+
+
+def roll_back(task: ServiceTaskMixin, context: Context, name: str, namespace: str, current: dict[str, Any] | None,
+              in_place: bool) -> dict[str, Any]:
+    """Promote the version before the current one, from the RayService alone; a retry keeps an earlier try's."""
+    if current is None:
+        raise InvalidInputError("rollback", True, f"RayService {namespace}/{name} does not exist",
+                                "Deploy a version first; rollback promotes the one before the current")
+    origin = origin_of(context)
+    if rolled_back_by(current, origin):
+        task.log.info("RayService %s/%s: an earlier try of this task rolled back to %r; keeping it",  # type: ignore[attr-defined]
+                      namespace, name, service_version(current))
+        return service_reference(task, current)
+    manifest = rolled_back_service(current, in_place=in_place, origin=origin)
+    task.log.info("RayService %s/%s: rolling back from %r to %r", namespace, name,  # type: ignore[attr-defined]
+                  service_version(current), service_version(manifest))
+    apply_logged(task, manifest)
+    return service_reference(task, manifest)
+
+
+class RollbackRayServiceOperator(ServiceTaskMixin, BaseOperator):
+    """Promote the RayService's previous model version, read from the service alone.
+
+    Needs only the service (its name, or ``service=deploy.output``) and the connection: the
+    version before the current one in the service's history goes into each application's
+    recorded ``version_arg`` and, unless ``in_place``, into the cluster config (a fresh
+    cluster, zero downtime). Rolling back twice toggles. A retry of a rollback that already
+    happened keeps it (it does not toggle back). The RayService keeps its owner. Returns what
+    :class:`DeployRayServiceOperator` returns.
+
+    :param service: the service reference (``deploy.output``), instead of ``service_name``.
+    :param service_name: the RayService's name.
+    :param namespace: the namespace; default: the reference's, else the connection's.
+    :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
+    :param in_place: change only the Serve config (no new cluster).
     """
 
+    template_fields: Sequence[str] = ("service", "service_name", "namespace", "raytpu_conn_id", "in_place")
     ui_color = "#fef7e0"
 
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.pop("rollback", None)
-        super().__init__(rollback=True, **kwargs)
+    def __init__(self, *, service: Any = None, service_name: str | None = None, namespace: str | None = None,
+                 raytpu_conn_id: str | None = None, in_place: bool | str = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.service = service
+        self.service_name = service_name
+        self.namespace = namespace
+        self.raytpu_conn_id = raytpu_conn_id
+        self.in_place = in_place
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        with fail_fast():
+            name = resource_name(self.require_name(), "service_name", RAY_SERVICE_NAME_LIMIT)
+            namespace = self.resolved_namespace()
+            current = self.service_backend.get_service(name, namespace)
+            return roll_back(self, context, name, namespace, current, parse_bool(self.in_place, "in_place"))
 
 
-class DeleteRayServiceOperator(ServiceTaskMixin, BaseOperator):
+class DeleteRayServiceOperator(ServiceTaskMixin, DeleteOwnedOperator):
     """Delete a RayService and its clusters; succeeds when it is already gone. Usable as a teardown task.
 
-    :param service_name: the RayService's name.
-    :param namespace: the namespace; default: the connection's.
-    :param raytpu_conn_id: the ``raytpu`` connection.
+    Without ``service_name`` (and ``service``) it deletes the RayServices this DAG's deploy
+    tasks made (a RayService belongs to its DAG and task, not to a run), found by their owner
+    labels. Returns ``{"service_name", "service_names", "namespace", "deleted"}``.
+
+    :param service: the service reference (``deploy.output``), instead of ``service_name``.
+    :param service_name: the RayService's name; default: found by owner (see above).
+    :param namespace: the namespace; default: the reference's, else the connection's.
+    :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
+    :param created_by: without a name, delete what these deploy task ids made; default: the
+        :class:`DeployRayServiceOperator` tasks upstream of this one, else every task of the DAG.
     :param wait_for_deletion: wait until the RayService object is gone.
     :param deletion_timeout: seconds to wait for that.
     :param poll_interval: seconds between checks while waiting.
     """
 
-    template_fields: Sequence[str] = ("service_name", "namespace", "raytpu_conn_id")
-    ui_color = "#fde8e8"
+    template_fields: Sequence[str] = ("service", "service_name", "namespace", "raytpu_conn_id", "created_by")
+    kind = "RayService"
+    owner_keys = SERVICE_OWNER
+    name_limit = RAY_SERVICE_NAME_LIMIT
 
-    def __init__(
-        self,
-        *,
-        service_name: str,
-        namespace: str | None = None,
-        raytpu_conn_id: str = DEFAULT_CONN_ID,
-        wait_for_deletion: bool = False,
-        deletion_timeout: float = 600,
-        poll_interval: float = 2,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, service: Any = None, service_name: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.service = service
         self.service_name = service_name
-        self.namespace = namespace
-        self.raytpu_conn_id = raytpu_conn_id
-        self.wait_for_deletion = wait_for_deletion
-        self.deletion_timeout = deletion_timeout
-        self.poll_interval = poll_interval
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        with fail_fast():
-            name = resource_name(self.service_name, "service_name", RAY_SERVICE_NAME_LIMIT)
-            namespace = self.resolved_namespace()
-            backend = self.service_backend
-            deleted = backend.delete_service(name, namespace)
-            self.log.info("RayService %s/%s %s", namespace, name, "deleted" if deleted else "was already gone")
-            if self.wait_for_deletion:
-                wait_until_gone("RayService", name, namespace, backend.get_service, self.deletion_timeout,
-                                self.poll_interval)
-        return {"service_name": name, "namespace": namespace, "deleted": deleted}
+    def creates(self, task: Any) -> bool:
+        return isinstance(task, DeployRayServiceOperator)
+
+    def get_object(self, name: str, namespace: str) -> dict[str, Any] | None:
+        return self.service_backend.get_service(name, namespace)
+
+    def delete_object(self, name: str, namespace: str) -> bool:
+        return self.service_backend.delete_service(name, namespace)
+
+    def list_objects(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return self.service_backend.list_services(namespace, label_selector)

@@ -5,15 +5,20 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from datetime import timedelta
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
-from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.manifests.names import resource_name
-from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast
-from airflow_provider_raytpu.status import ClusterStatus, Phase
-from airflow_provider_raytpu.triggers.raycluster import RayClusterReadyTrigger
+from airflow_provider_raytpu.operators.base import (
+    ClusterTaskMixin,
+    default_deferrable,
+    fail_fast,
+    sensor_poke_interval,
+)
+from airflow_provider_raytpu.status import ClusterStatus, Phase, ReconcileFailureGrace
+from airflow_provider_raytpu.triggers.raycluster import DEFAULT_GRACE_PERIOD, RayClusterReadyTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -22,45 +27,56 @@ if TYPE_CHECKING:
 class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
     """Succeed when the RayCluster's head and every TPU host of every slice are ready.
 
-    Deferrable by default: the triggerer watches the RayCluster (no polling) and the
-    worker slot is free meanwhile. KubeRay's ``state: ready`` is not trusted (it is never
-    reset); readiness is the head's condition plus ready hosts = slices x hosts per slice.
-    Fails at once when KubeRay reports a replica failure or the cluster disappears. At
+    Deferrable when ``[operators] default_deferrable`` says so, or with ``deferrable=True``:
+    the triggerer watches the RayCluster (no polling) and the worker slot is free meanwhile.
+    KubeRay's ``state: ready`` is not trusted (it is never reset); readiness is the head's
+    condition plus ready hosts = slices x hosts per slice. A KubeRay reconcile failure
+    (``ReplicaFailure``, e.g. pods refused by a quota or a webhook timeout) is progress shown
+    with its reason until it has lasted ``grace_period`` seconds; a failure of the local
+    backend's Ray processes fails at once; a deleted cluster fails (retryable). At
     ``timeout`` it fails with a diagnosis: which hosts are not ready and, where readable,
     the scheduler's reason for each pending pod. Returns the cluster's status.
 
+    :param cluster: the cluster reference (``create.output``), instead of ``cluster_name``.
     :param cluster_name: the RayCluster's name.
-    :param namespace: the namespace; default: the connection's.
-    :param raytpu_conn_id: the ``raytpu`` connection.
-    :param deferrable: wait in the triggerer instead of a worker slot.
-    :param poll_interval: seconds between checks when not deferred, or when watching fails.
+    :param namespace: the namespace; default: the reference's, else the connection's.
+    :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
+    :param deferrable: wait in the triggerer instead of a worker slot; default:
+        ``[operators] default_deferrable``.
+    :param poke_interval: seconds between checks when not deferred, or when watching fails.
+    :param poll_interval: another name for ``poke_interval``.
     :param timeout: seconds to wait before failing with a diagnosis.
+    :param grace_period: seconds a KubeRay reconcile failure may last before the task fails.
     """
 
-    template_fields: Sequence[str] = ("cluster_name", "namespace", "raytpu_conn_id")
+    template_fields: Sequence[str] = ("cluster", "cluster_name", "namespace", "raytpu_conn_id")
     ui_color = "#e6f4ea"
 
     def __init__(
         self,
         *,
-        cluster_name: str,
+        cluster: Any = None,
+        cluster_name: str | None = None,
         namespace: str | None = None,
-        raytpu_conn_id: str = DEFAULT_CONN_ID,
-        deferrable: bool = True,
-        poll_interval: float = 10.0,
+        raytpu_conn_id: str | None = None,
+        deferrable: bool | None = None,
+        poke_interval: float | timedelta | None = None,
+        poll_interval: float | None = None,
         timeout: float = 3600.0,
+        grace_period: float = DEFAULT_GRACE_PERIOD,
         **kwargs: Any,
     ) -> None:
-        super().__init__(poke_interval=poll_interval, timeout=timeout, **kwargs)
+        super().__init__(poke_interval=sensor_poke_interval(poke_interval, poll_interval), timeout=timeout, **kwargs)
+        self.cluster = cluster
         self.cluster_name = cluster_name
         self.namespace = namespace
         self.raytpu_conn_id = raytpu_conn_id
-        self.deferrable = deferrable
-        self.poll_interval = poll_interval
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
+        self.grace_period = grace_period
 
     def _target(self) -> tuple[str, str]:
         with fail_fast():
-            return resource_name(self.cluster_name, "cluster_name"), self.resolved_namespace()
+            return resource_name(self.require_name(), "cluster_name"), self.resolved_namespace()
 
     def _finish(self, status: ClusterStatus, name: str, namespace: str) -> dict[str, Any] | None:
         if status.phase is Phase.READY:
@@ -76,10 +92,15 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
         name, namespace = self._target()
         with fail_fast():
             status = self.backend.cluster_status(name, namespace)
+        status = self._grace.judge(status, time.time())
         done = self._finish(status, name, namespace)
         if done is None:
             self.log.info("RayCluster %s/%s: %s", namespace, name, status.message)
         return PokeReturnValue(is_done=done is not None, xcom_value=done)
+
+    @cached_property
+    def _grace(self) -> ReconcileFailureGrace:
+        return ReconcileFailureGrace(self.grace_period)
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         name, namespace = self._target()
@@ -96,9 +117,10 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
             trigger=RayClusterReadyTrigger(
                 cluster_name=name,
                 namespace=namespace,
-                raytpu_conn_id=self.raytpu_conn_id,
+                raytpu_conn_id=self.conn_id,
                 deadline=time.time() + self.timeout,
-                poll_interval=self.poll_interval,
+                poll_interval=self.poke_interval,
+                grace_period=self.grace_period,
             ),
             method_name="execute_complete",
             # The trigger fires its own timeout with a diagnosis first; this is only a backstop.

@@ -6,16 +6,25 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
-from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, resource_name
-from airflow_provider_raytpu.operators.base import ServiceTaskMixin, fail_fast
-from airflow_provider_raytpu.status import ServicePhase, ServiceStatus
-from airflow_provider_raytpu.triggers.rayservice import DEPLOYING_TIMEOUT, DeployingClock, RayServiceRunningTrigger
+from airflow_provider_raytpu.operators.base import (
+    ServiceTaskMixin,
+    default_deferrable,
+    fail_fast,
+    sensor_poke_interval,
+)
+from airflow_provider_raytpu.status import APP_UNHEALTHY, ServicePhase, ServiceStatus
+from airflow_provider_raytpu.triggers.rayservice import (
+    DEFAULT_GRACE_PERIOD,
+    DEPLOYING_TIMEOUT,
+    ApplicationClock,
+    RayServiceRunningTrigger,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -55,11 +64,15 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
     cluster being the one made for the requested version (each cluster carries the version
     it was made for), so the old cluster, still serving during a switch, never counts.
     Fails at once when an application on the cluster meant to serve the version is
-    DEPLOY_FAILED or UNHEALTHY, with Serve's message. With ``deploying_timeout``, an
+    DEPLOY_FAILED, with Serve's message; an UNHEALTHY one (Serve may recover it) fails the
+    task once it has been so for ``grace_period`` seconds (in reschedule mode: at ``timeout``).
+    With ``deploying_timeout``, an
     application DEPLOYING longer than that fails the task with a diagnosis: which
     deployment, how many replicas wait, whether the cluster's slices are ready, and
-    whether a replica lacks a TPU topology. Deferrable by default (the triggerer watches
-    the RayService); poke mode works too.
+    whether a replica lacks a TPU topology. Deferrable when ``[operators]
+    default_deferrable`` says so, or with ``deferrable=True`` (the triggerer watches the
+    RayService); poke and reschedule modes work too (in reschedule mode the DEPLOYING time
+    is Serve's own record of when the application was deployed).
 
     Optionally a smoke request is sent once it runs: ``{"path": "/health"}`` or
     ``{"path": "/v1/chat/completions", "method": "POST", "json": {...}}``; it must answer
@@ -67,38 +80,48 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
     with the connection's own credentials) and its JSON answer is returned as ``smoke``.
     Returns the service's status.
 
+    :param service: the service reference (``deploy.output``), instead of ``service_name``
+        (its version is then the one to wait for, unless ``version`` is given).
     :param service_name: the RayService's name.
-    :param version: the version to wait for; default: the one the RayService's spec asks for.
-    :param namespace: the namespace; default: the connection's.
-    :param raytpu_conn_id: the ``raytpu`` connection.
+    :param version: the version to wait for; default: the reference's, else the one the RayService's spec asks for.
+    :param namespace: the namespace; default: the reference's, else the connection's.
+    :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
     :param deploying_timeout: seconds an application may stay DEPLOYING; ``None``: only ``timeout``.
     :param smoke_request: an HTTP request that must answer 2xx once the service runs.
     :param smoke_timeout: seconds to keep retrying the smoke request while it does not answer 2xx.
-    :param deferrable: wait in the triggerer instead of a worker slot.
-    :param poll_interval: seconds between checks when not deferred, or when watching fails.
+    :param deferrable: wait in the triggerer instead of a worker slot; default:
+        ``[operators] default_deferrable``.
+    :param poke_interval: seconds between checks when not deferred, or when watching fails.
+    :param poll_interval: another name for ``poke_interval``.
     :param timeout: seconds to wait in all before failing with a diagnosis.
+    :param grace_period: seconds an application may stay UNHEALTHY before the task fails.
     """
 
-    template_fields: Sequence[str] = ("service_name", "version", "namespace", "raytpu_conn_id", "smoke_request")
+    template_fields: Sequence[str] = ("service", "service_name", "version", "namespace", "raytpu_conn_id",
+                                      "smoke_request")
     template_fields_renderers = {"smoke_request": "json"}
     ui_color = "#e6f4ea"
 
     def __init__(
         self,
         *,
-        service_name: str,
+        service: Any = None,
+        service_name: str | None = None,
         version: str | None = None,
         namespace: str | None = None,
-        raytpu_conn_id: str = DEFAULT_CONN_ID,
+        raytpu_conn_id: str | None = None,
         deploying_timeout: float | None = None,
         smoke_request: Mapping[str, Any] | None = None,
         smoke_timeout: float = 60.0,
-        deferrable: bool = True,
-        poll_interval: float = 10.0,
+        deferrable: bool | None = None,
+        poke_interval: float | timedelta | None = None,
+        poll_interval: float | None = None,
         timeout: float = 3600.0,
+        grace_period: float = DEFAULT_GRACE_PERIOD,
         **kwargs: Any,
     ) -> None:
-        super().__init__(poke_interval=poll_interval, timeout=timeout, **kwargs)
+        super().__init__(poke_interval=sensor_poke_interval(poke_interval, poll_interval), timeout=timeout, **kwargs)
+        self.service = service
         self.service_name = service_name
         self.version = version
         self.namespace = namespace
@@ -106,15 +129,22 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
         self.deploying_timeout = deploying_timeout
         self.smoke_request = smoke_request
         self.smoke_timeout = smoke_timeout
-        self.deferrable = deferrable
-        self.poll_interval = poll_interval
-        self._clock = DeployingClock(deploying_timeout)
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
+        self.grace_period = grace_period
+        self._clock = ApplicationClock(deploying_timeout)
+        self._unhealthy = ApplicationClock(grace_period, APP_UNHEALTHY)
+
+    def take_reference(self) -> dict[str, Any] | None:
+        reference = super().take_reference()
+        if reference is not None and self.version in (None, "", "None"):
+            self.version = reference.get("version")
+        return reference
 
     def _target(self) -> tuple[str, str, str | None]:
         with fail_fast():
             version = self.version if self.version not in ("", "None") else None
             parse_smoke_request(self.smoke_request)
-            return (resource_name(self.service_name, "service_name", RAY_SERVICE_NAME_LIMIT),
+            return (resource_name(self.require_name(), "service_name", RAY_SERVICE_NAME_LIMIT),
                     self.resolved_namespace(), version)
 
     def _finish(self, status: ServiceStatus, name: str, namespace: str) -> dict[str, Any] | None:
@@ -125,11 +155,16 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
             if smoke := parse_smoke_request(self.smoke_request):
                 result["smoke"] = self._smoke(smoke, name, namespace)
             return result
-        if status.phase in (ServicePhase.FAILED, ServicePhase.UNHEALTHY):
+        if status.phase is ServicePhase.FAILED:
             raise AirflowFailException(f"{where} {status.phase.value}: {status.message}")
         if status.phase is ServicePhase.GONE:
             raise AirflowException(f"{where} is gone: {status.message}")
         return None
+
+    def _unhealthy_too_long(self, status: ServiceStatus, name: str, namespace: str, waited: float) -> NoReturn:
+        raise AirflowFailException(
+            f"RayService {namespace}/{name} UNHEALTHY for {waited:.0f} s, longer than grace_period="
+            f"{self.grace_period:.0f} s: {status.message}")
 
     def _smoke(self, smoke: dict[str, Any], name: str, namespace: str) -> dict[str, Any]:
         """Send the smoke request until it answers 2xx or ``smoke_timeout`` passes (routes take a moment)."""
@@ -166,11 +201,37 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
             self.log.info("RayService %s/%s: %s: %s", namespace, name, status.phase.value, status.message)
             now = time.time()
             self._clock.update(status, now)
+            self._unhealthy.update(status, now)
+            if self.reschedule:
+                self._carry_clocks(context, status, namespace)
+            if overdue := self._unhealthy.overdue(now):
+                self._unhealthy_too_long(status, name, namespace, overdue[1])
             if overdue := self._clock.overdue(now):
                 application, waited = overdue
                 diagnosis = self.service_backend.diagnose_service(name, namespace, version, waited)
                 raise DeployingTooLong(self._deploying_too_long(name, namespace, application, waited, diagnosis))
         return PokeReturnValue(is_done=done is not None, xcom_value=done)
+
+    def _carry_clocks(self, context: Context, status: ServiceStatus, namespace: str) -> None:
+        """In reschedule mode every poke is a new process: start the DEPLOYING clock from what outlives it.
+
+        A DEPLOYING application's clock starts when Serve deployed it (its own record,
+        ``last_deployed_time_s``), else when this sensor first poked. Nothing records since
+        when an application is UNHEALTHY, so in reschedule mode that ends the wait only at
+        ``timeout`` (or at once with ``grace_period=0``).
+        """
+        from airflow_provider_raytpu.backends.serve_api import serve_details
+
+        first = context["ti"].get_first_reschedule_date(context)
+        started = first.timestamp() if first else time.time()
+        deployed: dict[str, Any] = {}
+        if self._clock.since and self.deploying_timeout is not None:
+            cluster = status.target_cluster
+            details = serve_details(self.backend.dashboard(cluster, namespace), f"RayCluster {namespace}/{cluster}")
+            deployed = (details or {}).get("applications") or {}
+        for key in self._clock.since:
+            at = (deployed.get(key.split("/", 1)[1]) or {}).get("last_deployed_time_s")
+            self._clock.since[key] = float(at) if at else started
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         name, namespace, version = self._target()
@@ -190,11 +251,12 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
             trigger=RayServiceRunningTrigger(
                 service_name=name,
                 namespace=namespace,
-                raytpu_conn_id=self.raytpu_conn_id,
+                raytpu_conn_id=self.conn_id,
                 deadline=time.time() + self.timeout,
                 version=version,
                 deploying_timeout=self.deploying_timeout,
-                poll_interval=self.poll_interval,
+                poll_interval=self.poke_interval,
+                grace_period=self.grace_period,
             ),
             method_name="execute_complete",
             # The trigger fires its own timeout with a diagnosis first; this is only a backstop.
@@ -219,6 +281,8 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
             )
         if event["status"] == "ERROR":
             raise AirflowFailException(event["message"])
+        if event["status"] == ServicePhase.UNHEALTHY.value:
+            self._unhealthy_too_long(ServiceStatus.from_dict(event["service"]), name, namespace, event["waited"])
         with fail_fast():
             done = self._finish(ServiceStatus.from_dict(event["service"]), name, namespace)
         if done is None:

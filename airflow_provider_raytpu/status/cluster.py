@@ -3,12 +3,21 @@
 KubeRay's ``status.state`` is set to ``ready`` once and never reset, so it is not
 trusted here: a cluster is READY only when the head pod is ready and every TPU host
 of every slice is ready.
+
+KubeRay sets the ``ReplicaFailure`` condition on any reconcile error (a pod refused by a
+quota or a webhook timeout) and removes it on the next good reconcile, so it is read as
+PROVISIONING with its reason and since when it holds; whoever waits decides when it has
+lasted too long (:class:`ReconcileFailureGrace`). ``state: failed`` (which KubeRay v1.5
+and newer never set; the local backend sets it for a failure no wait can outlive, such as
+Ray processes that cannot start) is FAILED.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from enum import Enum
 from typing import Any
 
@@ -52,8 +61,11 @@ class ClusterStatus:
     :param head_ready: whether the head pod is ready.
     :param ready_hosts: TPU host pods ready, over all slices.
     :param desired_hosts: TPU host pods wanted (slices x hosts per slice).
-    :param reason: the failure reason, when FAILED.
+    :param reason: the failure reason, when FAILED; the reconcile failure KubeRay reports
+        (e.g. ``FailedCreateWorkerPod``), when PROVISIONING.
     :param slices: per-slice readiness, when pods were read.
+    :param failing_since: when the reconcile failure began (the condition's
+        ``lastTransitionTime``, RFC 3339), when KubeRay says.
     """
 
     phase: Phase
@@ -63,11 +75,17 @@ class ClusterStatus:
     desired_hosts: int = 0
     reason: str = ""
     slices: tuple[SliceStatus, ...] = field(default=())
+    failing_since: str = ""
 
     @property
     def finished(self) -> bool:
         """Whether waiting for this cluster can stop (ready, failed or deleted)."""
         return self.phase in (Phase.READY, Phase.FAILED, Phase.GONE)
+
+    @property
+    def reconcile_failing(self) -> bool:
+        """Whether KubeRay reports a reconcile failure while the cluster is still PROVISIONING."""
+        return self.phase is Phase.PROVISIONING and bool(self.reason)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -115,13 +133,17 @@ def read_ray_cluster(cluster: Mapping[str, Any] | None, pods: Iterable[Mapping[s
 
     if metadata.get("deletionTimestamp"):
         return ClusterStatus(Phase.GONE, "the RayCluster is being deleted", **common)
+    if status.get("state") == "failed":
+        text = status.get("reason") or "failed"
+        return ClusterStatus(Phase.FAILED, f"the RayCluster failed: {text}", reason=text.split(":", 1)[0], **common)
     failure = by_type.get("ReplicaFailure")
     if is_true(failure):
-        reason = failure.get("reason", "ReplicaFailure")
-        return ClusterStatus(Phase.FAILED, f"{reason}: {failure.get('message', '')}".rstrip(": "), reason=reason, **common)
-    if status.get("state") == "failed":
-        reason = status.get("reason") or "failed"
-        return ClusterStatus(Phase.FAILED, f"KubeRay reports the cluster failed: {reason}", reason=reason, **common)
+        reason = failure.get("reason") or "ReplicaFailure"
+        since = failure.get("lastTransitionTime") or ""
+        text = f"{reason}: {failure.get('message', '')}".rstrip(": ")
+        return ClusterStatus(Phase.PROVISIONING, f"KubeRay cannot reconcile it{f' since {since}' if since else ''} "
+                             f"({text}); {_hosts_message(ready, want, slices)}", reason=reason, failing_since=since,
+                             **common)
     if cluster.get("spec", {}).get("suspend") or status.get("state") == "suspended" or is_true(
         by_type.get("RayClusterSuspended")
     ):
@@ -140,6 +162,50 @@ def read_ray_cluster(cluster: Mapping[str, Any] | None, pods: Iterable[Mapping[s
     if ready < want or any(s.ready_hosts < s.hosts for s in slices):
         return ClusterStatus(Phase.PROVISIONING, f"head ready; {hosts}", **common)
     return ClusterStatus(Phase.READY, f"head ready; {hosts}", **common)
+
+
+class ReconcileFailureGrace:
+    """Decides when a KubeRay reconcile failure (``ReplicaFailure``) has lasted too long to wait on.
+
+    A failure is transient until it holds for ``grace`` seconds since it began (KubeRay's
+    ``lastTransitionTime``, else when this waiter first saw it); then the status is FAILED.
+
+    :param grace: seconds a reconcile failure may last.
+    """
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.first_seen: float | None = None
+
+    def since(self, status: ClusterStatus, now: float) -> float | None:
+        """When the failure began (Unix time), or ``None`` when there is none."""
+        if not status.reconcile_failing:
+            self.first_seen = None
+            return None
+        if status.failing_since:
+            try:
+                return datetime.fromisoformat(status.failing_since.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                pass
+        if self.first_seen is None:
+            self.first_seen = now
+        return self.first_seen
+
+    def judge(self, status: ClusterStatus, now: float) -> ClusterStatus:
+        """``status``, FAILED instead when its reconcile failure has lasted ``grace`` seconds."""
+        since = self.since(status, now)
+        if since is None or now - since < self.grace:
+            return status
+        return dataclasses.replace(
+            status, phase=Phase.FAILED,
+            message=f"KubeRay could not reconcile it for {now - since:.0f} s, longer than the grace period of "
+                    f"{self.grace:.0f} s: {status.message}",
+        )
+
+    def seconds_left(self, status: ClusterStatus, now: float) -> float | None:
+        """Seconds until ``status``'s reconcile failure becomes fatal, or ``None`` when there is none."""
+        since = self.since(status, now)
+        return None if since is None else max(0.0, since + self.grace - now)
 
 
 def _hosts_message(ready: int, want: int, slices: tuple[SliceStatus, ...]) -> str:

@@ -103,8 +103,8 @@ class ServiceStatus:
 
     @property
     def finished(self) -> bool:
-        """Whether waiting can stop: running, failed, unhealthy or deleted."""
-        return self.phase in (ServicePhase.RUNNING, ServicePhase.FAILED, ServicePhase.UNHEALTHY, ServicePhase.GONE)
+        """Whether waiting can stop: running, failed or deleted (Serve may recover an UNHEALTHY application)."""
+        return self.phase in (ServicePhase.RUNNING, ServicePhase.FAILED, ServicePhase.GONE)
 
     @property
     def target_cluster(self) -> str:
@@ -168,7 +168,8 @@ def read_ray_service(
     pod template carries the same version annotation), every application of the spec is
     RUNNING on it, and, after an in-place update, Serve's own record of each
     application is the spec's config. FAILED / UNHEALTHY: an application on the cluster
-    that is to serve the version is DEPLOY_FAILED / UNHEALTHY (the message is Serve's).
+    that is to serve the version is DEPLOY_FAILED (final) / UNHEALTHY (Serve may recover it:
+    the waiter decides how long to wait) (the message is Serve's).
 
     :param service: the RayService, ``None`` when it does not exist.
     :param active_cluster: the RayCluster named by ``activeServiceStatus.rayClusterName``.

@@ -11,38 +11,41 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
-from airflow_provider_raytpu.status import APP_DEPLOYING, ServiceStatus
+from airflow_provider_raytpu.status import APP_DEPLOYING, APP_UNHEALTHY, ServicePhase, ServiceStatus
 
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.base import ServiceBackend
 
 DEPLOYING_TIMEOUT = "DEPLOYING_TIMEOUT"
+DEFAULT_GRACE_PERIOD = 600.0
 
 
-class DeployingClock:
-    """How long each application has been DEPLOYING on the cluster meant to serve it.
+class ApplicationClock:
+    """How long each application has been in one state (DEPLOYING, UNHEALTHY) on the cluster meant to serve it.
 
-    An application's clock starts when it is first seen DEPLOYING there and stops when it
-    is anything else; time the cluster spends provisioning its slices does not count.
+    An application's clock starts when it is first seen in the state there and stops when
+    it is anything else; time the cluster spends provisioning its slices does not count.
 
-    :param limit: seconds an application may stay DEPLOYING; ``None``: no limit.
+    :param limit: seconds an application may stay in the state; ``None``: no limit.
+    :param state: the application state to time.
     """
 
-    def __init__(self, limit: float | None) -> None:
+    def __init__(self, limit: float | None, state: str = APP_DEPLOYING) -> None:
         self.limit = limit
+        self.state = state
         self.since: dict[str, float] = {}
 
     def update(self, status: ServiceStatus, now: float) -> None:
         role = "pending" if status.pending_cluster else "active"
-        deploying = {
+        timed = {
             f"{status.target_cluster}/{app.name}"
             for app in status.applications_on(role)
-            if app.status == APP_DEPLOYING
+            if app.status == self.state
         }
-        self.since = {key: self.since.get(key, now) for key in deploying}
+        self.since = {key: self.since.get(key, now) for key in timed}
 
     def overdue(self, now: float) -> tuple[str, float] | None:
-        """The application DEPLOYING longest, and for how long, once that is past the limit."""
+        """The application in the state longest, and for how long, once that is past the limit."""
         if self.limit is None or not self.since:
             return None
         key = min(self.since, key=self.since.__getitem__)
@@ -56,12 +59,13 @@ class DeployingClock:
 
 
 class RayServiceRunningTrigger(BaseTrigger):
-    """Watch one RayService and fire when it serves ``version``, fails, is unhealthy, or is gone.
+    """Watch one RayService and fire when it serves ``version``, fails, stays unhealthy, or is gone.
 
-    Fires ``DEPLOYING_TIMEOUT`` with a diagnosis when an application stays DEPLOYING
-    longer than ``deploying_timeout``, and ``TIMEOUT`` with a diagnosis at the deadline
-    (the trigger keeps its own deadline: an Airflow defer timeout would end it without a
-    word).
+    An application DEPLOY_FAILED fails at once; one UNHEALTHY (Serve may recover it) fires
+    ``UNHEALTHY`` only once it has been so for ``grace_period`` seconds. Fires
+    ``DEPLOYING_TIMEOUT`` with a diagnosis when an application stays DEPLOYING longer than
+    ``deploying_timeout``, and ``TIMEOUT`` with a diagnosis at the deadline (the trigger
+    keeps its own deadline: an Airflow defer timeout would end it without a word).
 
     :param service_name: the RayService's name.
     :param namespace: its namespace.
@@ -70,6 +74,7 @@ class RayServiceRunningTrigger(BaseTrigger):
     :param version: the version to wait for; ``None``: the one the spec asks for.
     :param deploying_timeout: seconds an application may stay DEPLOYING; ``None``: no limit.
     :param poll_interval: seconds between reads when watching is not possible.
+    :param grace_period: seconds an application may stay UNHEALTHY.
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class RayServiceRunningTrigger(BaseTrigger):
         version: str | None = None,
         deploying_timeout: float | None = None,
         poll_interval: float = 10.0,
+        grace_period: float = DEFAULT_GRACE_PERIOD,
     ) -> None:
         super().__init__()
         self.service_name = service_name
@@ -90,6 +96,7 @@ class RayServiceRunningTrigger(BaseTrigger):
         self.version = version
         self.deploying_timeout = deploying_timeout
         self.poll_interval = poll_interval
+        self.grace_period = grace_period
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -102,6 +109,7 @@ class RayServiceRunningTrigger(BaseTrigger):
                 "version": self.version,
                 "deploying_timeout": self.deploying_timeout,
                 "poll_interval": self.poll_interval,
+                "grace_period": self.grace_period,
             },
         )
 
@@ -136,12 +144,14 @@ class RayServiceRunningTrigger(BaseTrigger):
                 await queue.put(exc)
 
         producer = asyncio.create_task(produce())
-        clock = DeployingClock(self.deploying_timeout)
+        clock = ApplicationClock(self.deploying_timeout)
+        unhealthy = ApplicationClock(self.grace_period, APP_UNHEALTHY)
         last: ServiceStatus | None = None
         progress = None
         try:
             while True:
-                waits = [w for w in (clock.seconds_left(time.time()),
+                now = time.time()
+                waits = [w for w in (clock.seconds_left(now), unhealthy.seconds_left(now),
                                      self.poll_interval if last is not None and last.refresh else None) if w is not None]
                 try:
                     item = await asyncio.wait_for(queue.get(), timeout=min(waits) if waits else None)
@@ -157,11 +167,14 @@ class RayServiceRunningTrigger(BaseTrigger):
                 last = status
                 now = time.time()
                 clock.update(status, now)
+                unhealthy.update(status, now)
                 if status.message != progress:
                     progress = status.message
                     self.log.info("RayService %s: %s: %s", self.service_name, status.phase.value, progress)
                 if status.finished:
                     return {"status": status.phase.value, "service": status.to_dict()}
+                if overdue := unhealthy.overdue(now):
+                    return {"status": ServicePhase.UNHEALTHY.value, "service": status.to_dict(), "waited": overdue[1]}
                 if overdue := clock.overdue(now):
                     application, waited = overdue
                     diagnosis = await services.adiagnose_service(self.service_name, self.namespace, self.version,

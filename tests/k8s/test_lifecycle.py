@@ -82,7 +82,8 @@ def test_v6e_4x4_two_slices_create_ready_delete(airflow_home: Path, k8s_control_
     assert len({members[0]["labels"][REPLICA_NAME] for members in slices.values()}) == 2
 
     # Deleted (the operator waited for the object), and the garbage collector takes every pod.
-    assert outcome["delete_cluster"].result == {"cluster_name": "nightly", "namespace": namespace, "deleted": True}
+    assert outcome["delete_cluster"].result == {"cluster_name": "nightly", "cluster_names": ["nightly"],
+                                                "namespace": namespace, "deleted": True}
     assert rayclusters(cp, namespace) == []
     wait_no_pods(cp, namespace)
 

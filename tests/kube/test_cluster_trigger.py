@@ -20,8 +20,9 @@ from tests.kube.conftest import NAMESPACE
 pytestmark = pytest.mark.timeout(60)
 
 
-def trigger(deadline_in: float = 30.0, poll_interval: float = 0.5) -> RayClusterReadyTrigger:
-    return RayClusterReadyTrigger("train", NAMESPACE, "raytpu_default", time.time() + deadline_in, poll_interval)
+def trigger(deadline_in: float = 30.0, poll_interval: float = 0.5, grace_period: float = 600) -> RayClusterReadyTrigger:
+    return RayClusterReadyTrigger("train", NAMESPACE, "raytpu_default", time.time() + deadline_in, poll_interval,
+                                  grace_period)
 
 
 async def first_event(t: RayClusterReadyTrigger) -> dict[str, Any]:
@@ -108,11 +109,27 @@ async def test_watches_again_after_a_spell_of_polling(backend: KubeRayBackend, k
     assert (await task)["status"] == "READY"
 
 
-async def test_fails_fast_on_replica_failure(backend: KubeRayBackend, kuberay: KubeRayReactor) -> None:
+async def test_a_replica_failure_that_clears_is_waited_out(backend: KubeRayBackend, kube: FakeKubeApiServer,
+                                                            kuberay: KubeRayReactor) -> None:
     kuberay.set_mode(replica_failure(message="pods \"w\" is forbidden: exceeded quota: tpu-quota"))
     create(backend)
-    event = await first_event(trigger())
-    assert event["status"] == "FAILED" and "exceeded quota" in event["cluster"]["message"]
+    task = asyncio.create_task(first_event(trigger()))
+    await asyncio.to_thread(kube.wait_for, lambda: any(
+        c["type"] == "ReplicaFailure" for c in (kube.get_object("rayclusters", NAMESPACE, "train").get("status") or {})
+        .get("conditions", [])) and kube.open_watches == 1)
+    assert not task.done(), "a reconcile failure is progress, not the end of the wait"
+    kuberay.set_mode("auto")  # the quota was raised: the next reconcile creates the pods
+    assert (await task)["status"] == "READY"
+
+
+async def test_a_replica_failure_fails_once_it_outlasts_the_grace_period(backend: KubeRayBackend,
+                                                                       kuberay: KubeRayReactor) -> None:
+    kuberay.set_mode(replica_failure(message="pods \"w\" is forbidden: exceeded quota: tpu-quota"))
+    create(backend)
+    event = await first_event(trigger(grace_period=1))
+    assert event["status"] == "FAILED"
+    assert "longer than the grace period of 1 s" in event["cluster"]["message"]
+    assert "FailedCreateWorkerPod: pods \"w\" is forbidden: exceeded quota" in event["cluster"]["message"]
 
 
 async def test_fires_gone_when_deleted(backend: KubeRayBackend, kube: FakeKubeApiServer,

@@ -31,8 +31,8 @@ with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1),
     )
     cluster = "{{{{ ti.xcom_pull('create_cluster')['cluster_name'] }}}}"
     ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=cluster, timeout=60, poll_interval=1)
-    delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster_name=cluster, wait_for_deletion=True)
-    create >> ready >> delete.as_teardown(setups=create)
+    delete = DeleteRayClusterOperator(task_id="delete_cluster", wait_for_deletion=True)
+    create >> ready >> delete.as_teardown(setups=[create, ready])
 '''
 
 
@@ -48,7 +48,7 @@ def test_create_ready_delete_with_ui_string_params(airflow_home: Path, connectio
     assert reference == {
         "cluster_name": "nightly-train",
         "namespace": NAMESPACE,
-        "conn_id": "raytpu_default",
+        "raytpu_conn_id": "raytpu_default",
         "tpu": {"accelerator": "v6e", "topology": "4x4", "num_slices": 2, "spot": False, "chips_per_host": None},
         "dashboard_url": f"{kube.url}/api/v1/namespaces/{NAMESPACE}/services/nightly-train-head-svc:dashboard/proxy",
     }
@@ -64,8 +64,9 @@ def test_bad_slice_fails_before_any_api_call(airflow_home: Path, connections: No
     # Bad input is not retried (retries=2 in the DAG), and nothing reached the API server.
     assert (outcome["create_cluster"].state, outcome["create_cluster"].try_number) == ("failed", 1)
     assert kube.count("POST") == 0
-    # The teardown's only setup failed, so there is nothing to tear down.
-    assert outcome["delete_cluster"].state == "upstream_failed"
+    # The teardown runs although its setups failed (a create can fail after applying); it finds nothing.
+    assert outcome["delete_cluster"].state == "success"
+    assert outcome["delete_cluster"].result["cluster_names"] == [] and kube.count("DELETE") == 0
 
 
 EXPIRED = '''

@@ -56,12 +56,16 @@ def test_a_same_named_cluster_this_provider_did_not_make_is_never_adopted(backen
     assert creates(kube) == 0 and kube.count("PUT", CLUSTERS) == 0
 
 
-def test_update_if_exists_replaces_the_spec(backend: KubeRayBackend, kube: FakeKubeApiServer) -> None:
-    backend.apply_cluster(manifest())
+def test_update_if_exists_recreates_the_cluster(backend: KubeRayBackend, kube: FakeKubeApiServer) -> None:
+    # KubeRay v1.5 has no RayCluster upgradeStrategy: a PUT of a new spec leaves the old pods running.
+    first = backend.apply_cluster(manifest()).cluster
     result = backend.apply_cluster(manifest(tpu=TpuSlice("v6e", "4x8")), update_if_exists=True)
-    assert result.action is Applied.UPDATED
+    assert result.action is Applied.RECREATED
     stored = kube.get_object("rayclusters", NAMESPACE, "train")
     assert stored["spec"]["workerGroupSpecs"][0]["numOfHosts"] == 8
+    assert stored["metadata"]["uid"] != first["metadata"]["uid"], "a new object, not the old one updated"
+    assert kube.count("PUT", CLUSTERS) == 0
+    assert kube.count("DELETE", CLUSTERS + "/train$") == 1 and creates(kube) == 2
 
 
 def test_transient_errors_are_retried_without_duplicates(backend: KubeRayBackend, kube: FakeKubeApiServer) -> None:

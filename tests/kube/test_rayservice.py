@@ -25,6 +25,7 @@ import yaml
 from airflow_provider_raytpu.backends.base import Applied
 from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
 from airflow_provider_raytpu.errors import ConflictError, PermissionDeniedError
+from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin
 from airflow_provider_raytpu.manifests.rayservice import (
     MODEL_VERSION_ANNOTATION,
     build_ray_service,
@@ -151,10 +152,13 @@ def dag(dag_id: str, deploy: str | None = "", sensor: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def deploy_v1_running(backend: KubeRayBackend, controller: RayServiceController, **kwargs: Any) -> str:
-    """A service already serving gs://b/ckpt-1 on RayCluster chat-old01."""
-    backend.services.apply_service(build_ray_service(name="chat", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4"),
-                                            applications=[LLM_APP], version="gs://b/ckpt-1", **kwargs))
+def deploy_v1_running(backend: KubeRayBackend, controller: RayServiceController, dag_id: str = "serving",
+                      **kwargs: Any) -> str:
+    """A service already serving gs://b/ckpt-1 on RayCluster chat-old01, deployed by an earlier run of
+    ``dag_id``'s deploy task (a later run of that task may promote it)."""
+    backend.services.apply_service(build_ray_service(
+        name="chat", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4"), applications=[LLM_APP], version="gs://b/ckpt-1",
+        origin=AirflowOrigin(dag_id, "scheduled__2026-12-01T00:00:00+00:00", "deploy"), **kwargs))
     cluster = controller.make_cluster("old01")
     controller.serving(cluster)
     return cluster
@@ -174,7 +178,7 @@ def test_deploy_creates_and_the_same_version_again_is_a_no_op(airflow_home: Path
     assert reference == {
         "service_name": "chat",
         "namespace": NAMESPACE,
-        "conn_id": "raytpu_default",
+        "raytpu_conn_id": "raytpu_default",
         "version": "gs://b/ckpt-1",
         "previous_version": None,
         "tpu": {"accelerator": "v6e", "topology": "4x4", "num_slices": 1, "spot": False, "chips_per_host": None},
@@ -216,8 +220,7 @@ def test_rollback_promotes_the_previous_version_and_a_retry_keeps_it(airflow_hom
     run_dag(airflow_home, dag("versions"), "versions", conf={"version": "gs://b/ckpt-2"})
     source = dag("rollback", deploy=None).replace(
         "params={'version': 'gs://b/ckpt-1'}):",
-        "params={}):\n    RollbackRayServiceOperator(task_id='rollback', service_name='chat', applications=[APPS], "
-        "accelerator='v6e', topology='4x4')")
+        "params={}):\n    RollbackRayServiceOperator(task_id='rollback', service_name='chat')")
     outcome = run_dag(airflow_home, source, "rollback")
     assert outcome["rollback"].state == "success"
     assert (outcome["rollback"].result["version"], outcome["rollback"].result["previous_version"]) == (
@@ -227,11 +230,14 @@ def test_rollback_promotes_the_previous_version_and_a_retry_keeps_it(airflow_hom
     assert cluster_version({"spec": stored["spec"]["rayClusterConfig"]}) == "gs://b/ckpt-1"
     source_args = yaml.safe_load(stored["spec"]["serveConfigV2"])["applications"][0]["args"]
     assert source_args["llm_configs"][0]["model_loading_config"]["model_source"] == "gs://b/ckpt-1"
-    # A retry of the same task (same run) must not toggle back to ckpt-2.
+    # The RayService keeps its owner (the deploy task of DAG 'versions'); the rollback is recorded apart.
     notes = stored["metadata"]["annotations"]
-    ti = SimpleNamespace(dag_id="rollback", run_id=notes["raytpu.dev/run-id"], task_id="rollback")
-    retry = RollbackRayServiceOperator(task_id="rollback", service_name="chat", applications=[LLM_APP],
-                                       accelerator="v6e", topology="4x4")
+    assert (notes["raytpu.dev/dag-id"], notes["raytpu.dev/task-id"]) == ("versions", "deploy")
+    dag_id, run_id, task_id, version = json.loads(notes["raytpu.dev/rolled-back-by"])
+    assert (dag_id, task_id, version) == ("rollback", "rollback", "gs://b/ckpt-1")
+    # A retry of the same task (same run) must not toggle back to ckpt-2.
+    ti = SimpleNamespace(dag_id="rollback", run_id=run_id, task_id="rollback")
+    retry = RollbackRayServiceOperator(task_id="rollback", service_name="chat")
     puts = kube.count("PUT", SERVICES + "/chat$")
     assert retry.execute({"ti": ti})["version"] == "gs://b/ckpt-1"
     assert kube.count("PUT", SERVICES + "/chat$") == puts
@@ -303,7 +309,8 @@ def test_backend_conflicts_and_permissions(backend: KubeRayBackend, kube: FakeKu
 def test_delete_operator_succeeds_when_gone(connections: None, kube: FakeKubeApiServer) -> None:
     context: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="delete")}
     delete = DeleteRayServiceOperator(task_id="delete", service_name="chat", wait_for_deletion=True, poll_interval=0.1)
-    assert delete.execute(context) == {"service_name": "chat", "namespace": NAMESPACE, "deleted": False}
+    assert delete.execute(context) == {"service_name": "chat", "service_names": ["chat"], "namespace": NAMESPACE,
+                                       "deleted": False}
 
 
 # -- the Running sensor ----------------------------------------------------------------------------
@@ -347,7 +354,7 @@ def test_promotion_succeeds_only_once_the_new_cluster_is_active(
     airflow_home: Path, connections: None, backend: KubeRayBackend, kube: FakeKubeApiServer,
     controller: RayServiceController,
 ) -> None:
-    old = deploy_v1_running(backend, controller)
+    old = deploy_v1_running(backend, controller, "switch")
     seen: list[str] = []
 
     def play() -> None:
@@ -434,7 +441,7 @@ def test_in_place_promotion_waits_for_serves_own_record(
     airflow_home: Path, connections: None, backend: KubeRayBackend, kube: FakeKubeApiServer,
     controller: RayServiceController,
 ) -> None:
-    cluster = deploy_v1_running(backend, controller)
+    cluster = deploy_v1_running(backend, controller, "inplace")
 
     def record(version: str) -> dict[str, Any]:
         rendered = yaml.safe_load(controller.service()["spec"]["serveConfigV2"])["applications"][0]  # type: ignore[index]
@@ -485,3 +492,63 @@ async def test_trigger_fires_gone_and_poke_mode_works(backend: KubeRayBackend, c
     outcome = run_dag(airflow_home, dag("poke", deploy=None, sensor="deferrable=False"), "poke")
     assert outcome["wait_running"].state == "success"
     assert kube.count("GET", SERVICES + "$", watch=True) == 0
+
+
+# -- transient and persistent trouble; reschedule mode ---------------------------------------------
+
+
+def test_an_unhealthy_application_that_recovers_is_waited_out(
+    airflow_home: Path, connections: None, backend: KubeRayBackend, kube: FakeKubeApiServer,
+    controller: RayServiceController,
+) -> None:
+    """Serve may recover an UNHEALTHY application (a replica's health check failed and it restarts)."""
+    cluster = deploy_v1_running(backend, controller, "recovers")
+
+    def play() -> None:
+        kube.wait_for(lambda: kube.count("GET", SERVICES + "$", watch=True) >= 1, 30)
+        controller.serving(cluster, "UNHEALTHY")
+        time.sleep(1.5)  # the trigger sees it UNHEALTHY meanwhile
+        controller.serving(cluster, "RUNNING")
+
+    controller.serving(cluster, "DEPLOYING")
+    with in_background(play):
+        outcome = run_dag(airflow_home, dag("recovers", deploy=None, sensor=""), "recovers")
+    assert outcome["wait_running"].state == "success"
+
+
+def test_an_application_unhealthy_past_the_grace_period_fails(
+    airflow_home: Path, connections: None, backend: KubeRayBackend, controller: RayServiceController,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    cluster = deploy_v1_running(backend, controller, "stays_unhealthy")
+    controller.serving(cluster, "UNHEALTHY")
+    outcome = run_dag(airflow_home, dag("stays_unhealthy", deploy=None, sensor="grace_period=1"), "stays_unhealthy")
+    assert (outcome["wait_running"].state, outcome["wait_running"].try_number) == ("failed", 1)
+    log = capfd.readouterr().out
+    assert "RayService ml/chat UNHEALTHY for 1 s, longer than grace_period=1 s: application 'chat' is UNHEALTHY" in log
+
+
+def test_reschedule_mode_keeps_the_deploying_clock_across_pokes(
+    airflow_home: Path, connections: None, backend: KubeRayBackend, kube: FakeKubeApiServer,
+    controller: RayServiceController, capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Each poke is a new process: the DEPLOYING time is Serve's own record of when it deployed the application."""
+    cluster = deploy_v1_running(backend, controller, "rescheduled")
+    controller.serving(cluster, "DEPLOYING")
+    with ServeStub() as stub:
+        stub.applications = {"chat": {"status": "DEPLOYING"}}
+        kube.wait_for(lambda: kube.get_object("services", NAMESPACE, f"{cluster}-head-svc"), 10)
+        kube.register_service_proxy(NAMESPACE, f"{cluster}-head-svc", "dashboard", stub.url)
+
+        def deployed_as_the_sensor_first_looks() -> None:
+            kube.wait_for(lambda: any(path == "/api/serve/applications/" for _, path, _ in stub.requests), 30)
+            stub.applications = {"chat": {"status": "DEPLOYING", "last_deployed_time_s": time.time()}}
+
+        sensor = "deferrable=False, mode='reschedule', deploying_timeout=3"
+        with in_background(deployed_as_the_sensor_first_looks):
+            outcome = run_dag(airflow_home, dag("rescheduled", deploy=None, sensor=sensor), "rescheduled",
+                              fresh_operators=True)
+    assert (outcome["wait_running"].state, outcome["wait_running"].try_number) == ("failed", 1)
+    log = capfd.readouterr().out
+    assert "Rescheduling task, marking task as UP_FOR_RESCHEDULE" in log, "it took more than one poke"
+    assert "application 'chat' DEPLOYING for " in log and "longer than deploying_timeout=3 s" in log

@@ -21,7 +21,15 @@ from ray.job_submission import JobSubmissionClient
 
 from airflow_provider_raytpu.backends.local import LocalBackend
 from airflow_provider_raytpu.status import Phase
-from tests.airflow_runner import TaskOutcome, ensure_airflow_db, lose_worker, resume_dag_run, run_dag, write_dag
+from tests.airflow_runner import (
+    TaskOutcome,
+    clear_task,
+    ensure_airflow_db,
+    lose_worker,
+    resume_dag_run,
+    run_dag,
+    write_dag,
+)
 from tests.local.conftest import CLUSTER_READY_TIMEOUT, EmulatedCluster, watch_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -155,11 +163,15 @@ def test_jobs_through_the_api_server_service_proxy(airflow_home: Path, cluster: 
                                                   capfd: pytest.CaptureFixture[str]) -> None:
     """Backend kubernetes: every Jobs API call (package upload, submit, status, logs) goes through the
     API server's service proxy with the Kubernetes client's own TLS and token, and no credential leaks."""
+    from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
+    from airflow_provider_raytpu.tpu import TpuSlice
+    from tests.fakekube.kuberay import KubeRayReactor
     from tests.fakekube.server import FakeKubeApiServer
 
-    with FakeKubeApiServer(tls=True) as kube:
-        kube.create_object({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "emu-head-svc", "namespace": "ml"},
-                            "spec": {"ports": [{"name": "dashboard", "port": 8265}]}})
+    with FakeKubeApiServer(tls=True) as kube, KubeRayReactor(kube, delay=0.1, stagger=0.01):
+        # The RayCluster as KubeRay reports it (the job task checks it is ready), its head Service proxied here.
+        kube.create_object(build_ray_cluster(name="emu", namespace="ml", tpu=TpuSlice("v4", "2x2x2")))
+        kube.wait_for(lambda: kube.get_object("services", "ml", "emu-head-svc"), 10)
         kube.register_service_proxy("ml", "emu-head-svc", "dashboard",
                                     local_backend.dashboard(cluster.name, cluster.namespace).url)
         monkeypatch.setenv("AIRFLOW_CONN_KUBE_PROXY", kube.airflow_connection("ml"))
@@ -182,37 +194,114 @@ def test_jobs_through_the_api_server_service_proxy(airflow_home: Path, cluster: 
     assert kube.token not in log and kube.token not in json.dumps(outcome.result)
 
 
+def test_a_job_that_exits_on_bad_input_fails_without_retries(airflow_home: Path, cluster: EmulatedCluster,
+                                                            jobs: JobSubmissionClient,
+                                                            capfd: pytest.CaptureFixture[str]) -> None:
+    code = "import sys\nprint('error: module pipeline.trian_loop not found', file=sys.stderr)\nsys.exit(2)\n"
+    outcome = run_dag(airflow_home, submit_dag("job_bad_input", code, retries=2, deferrable=False),
+                      "job_bad_input")["job"]
+    assert (outcome.state, outcome.try_number) == ("failed", 1), "a retry cannot fix a typo"
+    assert len(task_jobs(jobs, "job_bad_input")) == 1
+    assert "exited with code 2 (bad input): not retried" in capfd.readouterr().out
+
+
+def test_a_clear_stops_the_leftover_job_and_waits_for_it_before_submitting(
+        airflow_home: Path, cluster: EmulatedCluster, jobs: JobSubmissionClient) -> None:
+    """The leftover driver ignores SIGTERM for a while (it writes its last checkpoint); no second driver
+    may run next to it."""
+    code = ("import signal, sys, time\n"
+            "from airflow_provider_raytpu.workloads.result import report_result\n"
+            "if {{ ti.try_number }} == 1:\n"
+            "    signal.signal(signal.SIGTERM, lambda *_: (time.sleep(2), sys.exit(1)))\n"
+            "    time.sleep(120)\n"
+            "report_result({'try': {{ ti.try_number }}})\n")
+    ensure_airflow_db()
+    path = write_dag(airflow_home, submit_dag("job_clear", code, deferrable=False), "job_clear")
+    worker = start_worker(path, "job_clear")
+    wait_for_job(jobs, "job_clear", 1, "RUNNING")
+    kill_worker(worker)
+    lose_worker("job_clear", "job")
+    run_id = clear_task("job_clear", "job")
+    outcome = resume_dag_run(path, "job_clear", run_id)["job"]
+    assert (outcome.state, outcome.result) == ("success", {"try": 2})
+    leftover, fresh = task_jobs(jobs, "job_clear")
+    assert (str(leftover.status), str(fresh.status)) == ("STOPPED", "SUCCEEDED")
+    assert fresh.start_time >= leftover.end_time, "the new driver started only once the old one had ended"
+
+
+def test_one_connection_lookup_and_one_backend_per_task(airflow_home: Path, cluster: EmulatedCluster,
+                                                       local_backend: LocalBackend, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backend gke: a data task reads the cluster's slice and talks to its dashboard through ONE backend,
+    so the GKE API is asked for the cluster's endpoint once."""
+    import sys as _sys
+
+    from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
+    from airflow_provider_raytpu.tpu import TpuSlice
+    from tests.fakekube.kuberay import KubeRayReactor
+    from tests.fakekube.server import FakeKubeApiServer
+    from tests.gke_stub import GoogleStub
+
+    _sys.path.insert(0, str(REPO / "example_dags"))
+    from pipeline.data import write_dataset
+
+    raw = write_dataset(str(tmp_path / "raw.jsonl"), 40)
+    with FakeKubeApiServer(tls=True) as kube, KubeRayReactor(kube, delay=0.1, stagger=0.01):
+        with GoogleStub(f"127.0.0.1:{kube.port}", kube.ca_pem, 3600, kube.accept_token) as google:
+            kube.create_object(build_ray_cluster(name="emu", namespace="ml", tpu=TpuSlice("v4", "2x2x2")))
+            kube.wait_for(lambda: kube.get_object("services", "ml", "emu-head-svc"), 10)
+            kube.register_service_proxy("ml", "emu-head-svc", "dashboard",
+                                        local_backend.dashboard(cluster.name, cluster.namespace).url)
+            monkeypatch.setenv("AIRFLOW_CONN_GCP_TEST", google.gcp_connection("tpu-project"))
+            monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_GKE", json.dumps({"conn_type": "raytpu", "extra": {
+                "backend": "gke", "gcp_conn_id": "gcp_test", "project_id": "tpu-project", "location": "us-east5",
+                "cluster": "tpu-cluster", "namespace": "ml", "gke_api_endpoint": google.url}}))
+            source = f'''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.ray_data import RayDataOperator
+
+with DAG("one_backend", schedule=None, start_date=datetime(2026, 1, 1)):
+    RayDataOperator(task_id="prep", cluster_name="emu", raytpu_conn_id="raytpu_gke", input_uri={raw!r},
+                    output_uri={str(tmp_path / "out")!r}, transform="pipeline.transforms:normalise",
+                    actor_per_tpu_host=True, deferrable=False, poll_interval=0.5,
+                    runtime_env={{"py_modules": [{str(REPO / "example_dags" / "pipeline")!r}]}})
+'''
+            outcome = run_dag(airflow_home, source, "one_backend")["prep"]
+    assert outcome.state == "success" and outcome.result["rows_out"] == 40
+    assert len(google.cluster_reads) == 1, google.cluster_reads
+
+
 LIFECYCLE = '''
 from datetime import datetime
 from airflow.sdk import DAG
 from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator, DeleteRayClusterOperator
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
-from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
 
 with DAG("local_lifecycle", schedule=None, start_date=datetime(2026, 1, 1)):
-    create = CreateRayClusterOperator(task_id="create", cluster_name="emu", namespace="default",
-                                      accelerator="v4", topology="2x2x2")
-    cluster = "{{ ti.xcom_pull('create')['cluster_name'] }}"
-    ready = RayClusterReadySensor(task_id="ready", cluster_name=cluster, timeout=300, poll_interval=1)
+    create = CreateRayClusterOperator(task_id="create", namespace="default", accelerator="v4", topology="2x2x2")
     job = SubmitRayJobOperator(
-        task_id="job", cluster_name=cluster,
+        task_id="job", cluster=create.output, poll_interval=0.5, cluster_ready_timeout=300,
         entrypoint="python -c 'import ray; from airflow_provider_raytpu.workloads.result import report_result; "
                    "ray.init(); report_result({\\"tpu_chips\\": ray.cluster_resources().get(\\"TPU\\")})'",
     )
-    delete = DeleteRayClusterOperator(task_id="delete", cluster_name=cluster)
-    create >> ready >> job >> delete.as_teardown(setups=create)
+    delete = DeleteRayClusterOperator(task_id="delete")
+    create >> job >> delete.as_teardown(setups=create)
 '''
 
 
-def test_create_ready_submit_delete(airflow_home: Path, cluster: EmulatedCluster, local_backend: LocalBackend) -> None:
-    """Runs last: the DAG adopts the module's cluster (same name and spec) and deletes it."""
-    pids = local_backend.cluster_processes(cluster.name, cluster.namespace)
+def test_a_job_waits_for_a_cluster_that_is_not_ready_yet(airflow_home: Path, cluster: EmulatedCluster,
+                                                         local_backend: LocalBackend,
+                                                         capfd: pytest.CaptureFixture[str]) -> None:
+    """Runs last (it replaces the module's cluster). No ready sensor: a cleared job task whose setup
+    re-created the cluster finds it provisioning, and waits for it instead of failing on its dashboard."""
+    local_backend.delete_cluster(cluster.name, cluster.namespace)
     outcome = run_dag(airflow_home, LIFECYCLE, "local_lifecycle")
-    assert {t: o.state for t, o in outcome.items()} == {"create": "success", "ready": "success", "job": "success",
-                                                        "delete": "success"}
-    assert outcome["job"].result == {"tpu_chips": 8.0}
+    assert {t: o.state for t, o in outcome.items()} == {"create": "success", "job": "success", "delete": "success"}
+    assert outcome["job"].try_number == 1 and outcome["job"].result == {"tpu_chips": 8.0}
+    name = outcome["create"].result["cluster_name"]
     assert outcome["create"].result["dashboard_url"].startswith("http://127.0.0.1:")
-    assert local_backend.get_cluster(cluster.name, cluster.namespace) is None
-    import psutil
-
-    assert [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
+    log = capfd.readouterr().out
+    assert f"RayCluster default/{name} is not ready yet" in log and f"RayCluster default/{name} is ready" in log
+    assert outcome["delete"].result["cluster_names"] == [name]
+    assert local_backend.get_cluster(name, "default") is None

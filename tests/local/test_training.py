@@ -24,7 +24,7 @@ from airflow_provider_raytpu.backends.local import LocalBackend
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.status import Phase
 from airflow_provider_raytpu.tpu import TpuSlice
-from tests.airflow_runner import run_dag
+from tests.airflow_runner import clear_task, rendered_fields, resume_dag_run, run_dag
 from tests.gcs import GcsStorage, fake_gcs  # noqa: F401  (fixture)
 from tests.local.conftest import CLUSTER_READY_TIMEOUT, EmulatedCluster, watch_until
 
@@ -166,3 +166,25 @@ def test_dead_host_is_recreated_and_training_resumes(airflow_home: Path, emulate
     assert result["resumed_from_step"] >= checkpointed >= 10
     assert abs(result["metrics"]["loss"] - reference["train"]["metrics"]["loss"]) <= 1e-6
     assert local_backend.state("train", "default")["slices"][0]["restarts"] >= 1
+
+
+def test_a_cleared_training_task_starts_over_and_its_config_stays_out_of_the_log(
+        airflow_home: Path, emulated_cluster: EmulatedCluster, reference: dict, fake_gcs: GcsStorage,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """A retry resumes; a user's Clear is a new cycle: a new Ray Train run from step 0, not the old
+    run's checkpoint returned at once."""
+    first = reference["train"]
+    run_id = clear_task("pipeline_ok", "train")
+    outcome = resume_dag_run(airflow_home / "dags" / "pipeline_ok.py", "pipeline_ok", run_id)["train"]
+    assert (outcome.state, outcome.try_number) == ("success", 2)
+    again = outcome.result
+    assert again["run_name"] != first["run_name"] and again["run_name"].startswith("pipeline_ok.train-")
+    assert again["resumed_from_step"] is None and again["steps"] == 30
+    assert abs(again["metrics"]["loss"] - first["metrics"]["loss"]) <= 1e-6, "the same training, from step 0"
+    # The submitted command is shown, its --config (which may hold secrets) by its keys only.
+    log = capfd.readouterr().out
+    shown = rendered_fields("pipeline_ok", "train")["entrypoint"]
+    assert f"--run-name {again['run_name']}" in shown and "--tpu" in shown
+    assert "--config '<JSON with keys: seed, total_steps, checkpoint_every, eval_dataset>'" in shown
+    assert f"Submitted Ray job raytpu-" in log and "<JSON with keys: seed, total_steps" in log
+    assert '"checkpoint_every": 5' not in log and '"seed": 11' not in log

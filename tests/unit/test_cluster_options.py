@@ -116,7 +116,7 @@ def test_both_operators_take_the_options_flat_or_as_one_value() -> None:
     from airflow.sdk import DAG
 
     from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
-    from airflow_provider_raytpu.operators.rayservice import DeployRayServiceOperator, RollbackRayServiceOperator
+    from airflow_provider_raytpu.operators.rayservice import DeployRayServiceOperator
 
     slice_args = {"accelerator": "v6e", "topology": "4x4"}
     service_args = {**slice_args, "applications": [LLM_APP], "version": "v1"}
@@ -126,12 +126,12 @@ def test_both_operators_take_the_options_flat_or_as_one_value() -> None:
             image="ray:x", env={"A": "{{ run_id }}"}), **slice_args)
         deploy = DeployRayServiceOperator(task_id="deploy", worker_resources={"cpu": "{{ params.cpu }}"},
                                           **service_args)
-        rollback = RollbackRayServiceOperator(task_id="rollback", service_account_name="ray-ksa", **service_args)
+        canary = DeployRayServiceOperator(task_id="canary", service_account_name="ray-ksa", **service_args)
     # default_args give cluster_options (not flat option names: they are not __init__ parameters).
     assert flat.cluster_options == {"labels": {"team": "ml"}, "image": "ray:x", "env": {"A": "{{ run_id }}"}}
     assert whole.cluster_options == {"image": "ray:x", "env": {"A": "{{ run_id }}"}}
     assert deploy.cluster_options == {"labels": {"team": "ml"}, "worker_resources": {"cpu": "{{ params.cpu }}"}}
-    assert rollback.cluster_options == {"labels": {"team": "ml"}, "service_account_name": "ray-ksa"}
+    assert canary.cluster_options == {"labels": {"team": "ml"}, "service_account_name": "ray-ksa"}
     for operator in (flat, deploy):
         assert "cluster_options" in operator.template_fields
         assert not set(OPTION_NAMES) & set(operator.template_fields), "one rule: the options are templated as one"

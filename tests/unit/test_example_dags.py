@@ -15,15 +15,37 @@ def test_example_dags_parse() -> None:
     assert {"tpu_cluster_lifecycle", "nightly_finetune", "nightly_embeddings", "tpu_model_serving"} <= set(bag.dag_ids)
     for dag_id in ("tpu_cluster_lifecycle", "nightly_finetune", "nightly_embeddings"):
         dag = bag.dags[dag_id]
-        assert dag.get_task("delete_cluster").is_teardown, dag_id
+        delete = dag.get_task("delete_cluster")
+        assert delete.is_teardown and delete.cluster_name is None and delete.cluster is None, (
+            f"{dag_id}: the teardown needs no XCom")
+        assert delete.trigger_rule == "all_done", f"{dag_id}: the teardown runs even when create failed"
+        # A Clear of any task re-runs both setups: the cluster is created again AND waited for.
+        setups = {t.task_id for t in delete.upstream_list if t.is_setup}
+        assert {"create_cluster", next(t for t in setups if t.startswith("wait"))} == setups, dag_id
     for dag_id in ("nightly_finetune", "nightly_embeddings"):
         params = bag.dags[dag_id].params
         assert {"accelerator", "topology", "slices", "spot"} <= set(params), dag_id
         assert bag.dags[dag_id].default_args["retries"] >= 1
 
 
+def test_unpausing_an_example_starts_no_expensive_run() -> None:
+    """The default params are the smallest slice that shows each feature; runs that write the same
+    output (or promote the same RayService) do not overlap."""
+    from airflow_provider_raytpu.tpu import TpuSlice
+
+    bag = DagBag(dag_folder=str(EXAMPLES))
+    chips = {}
+    for dag_id in ("tpu_cluster_lifecycle", "nightly_finetune", "nightly_embeddings"):
+        params = bag.dags[dag_id].params
+        tpu = TpuSlice(params["accelerator"], params["topology"], params["slices"])
+        chips[dag_id] = tpu.total_hosts * tpu.host_chips
+    assert chips == {"tpu_cluster_lifecycle": 4, "nightly_finetune": 8, "nightly_embeddings": 8}
+    for dag_id in ("nightly_finetune", "nightly_embeddings", "tpu_model_serving", "tpu_llm_serving"):
+        assert bag.dags[dag_id].max_active_runs == 1, dag_id
+
+
 def test_finetune_tears_down_the_training_cluster_after_training() -> None:
     dag = DagBag(dag_folder=str(EXAMPLES / "nightly_finetune.py")).dags["nightly_finetune"]
     delete = dag.get_task("delete_cluster")
-    assert {t.task_id for t in delete.upstream_list} == {"train", "create_cluster"}
+    assert {t.task_id for t in delete.upstream_list} == {"train", "create_cluster", "wait_cluster_ready"}
     assert [t.task_id for t in dag.get_task("promote_model").downstream_list] == ["wait_serving"]

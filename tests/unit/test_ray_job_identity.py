@@ -43,14 +43,52 @@ def test_result_line_round_trip(capsys) -> None:
     assert last_result("nothing here") is None
 
 
-def test_default_cluster_name_is_one_per_run_and_valid() -> None:
+def test_default_cluster_name_is_one_per_dag_run_and_task_and_valid() -> None:
     from airflow_provider_raytpu.operators.raycluster import default_cluster_name
 
-    def name(dag_id: str, run_id: str) -> str:
-        return default_cluster_name({"ti": SimpleNamespace(dag_id=dag_id, run_id=run_id)})
+    def name(dag_id: str, run_id: str, task_id: str = "create_cluster", map_index: int = -1) -> str:
+        return default_cluster_name({"ti": SimpleNamespace(dag_id=dag_id, run_id=run_id, task_id=task_id,
+                                                           map_index=map_index)})
 
-    first = name("nightly_finetune", "manual__2026-12-02T18:13:33.344560+00:00")
-    assert first.startswith("nightly-finetune-") and len(first) <= 53
-    assert first == name("nightly_finetune", "manual__2026-12-02T18:13:33.344560+00:00")
-    assert first != name("nightly_finetune", "scheduled__2026-12-02T00:00:00+00:00")
-    assert len(name("a_very_long_dag_id_" * 5, "r")) <= 53
+    run = "scheduled__2026-12-02T00:00:00+00:00"
+    first = name("nightly_finetune", run)
+    assert first.startswith("nightly-finetune-create-cluster-") and len(first) <= 53
+    assert first == name("nightly_finetune", run), "the same on every retry"
+    others = [name("nightly_finetune", "scheduled__2026-12-03T00:00:00+00:00"),  # another run
+              name("nightly.finetune", run), name("Nightly_Finetune", run),  # DAG ids that read the same
+              name("nightly_finetune", run, "create_eval_cluster"),  # another create task in the run
+              name("nightly_finetune", run, map_index=0)]  # a mapped create
+    assert len({first, *others}) == 6
+    # Two DAG ids sharing their first 44 characters (the old default kept only those).
+    prefix = "a_very_long_dag_id_shared_by_two_teams_abcdef"
+    assert name(prefix + "_a", run) != name(prefix + "_b", run)
+    assert all(len(name(prefix * 3 + x, run)) <= 53 for x in "ab")
+    assert name("2026_etl", run)[0].isalpha(), "KubeRay's <name>-head-svc must start with a letter"
+
+
+def test_default_service_name_is_one_per_dag_and_task_across_runs() -> None:
+    from airflow_provider_raytpu.operators.rayservice import default_service_name
+
+    def name(dag_id: str, task_id: str = "deploy", run_id: str = "r1") -> str:
+        return default_service_name({"ti": SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id)})
+
+    assert name("serving") == name("serving", run_id="r2"), "later runs promote the same RayService"
+    assert len({name("serving"), name("serving", "deploy_canary"), name("serv.ing"), name("serv_ing")}) == 4
+    assert len(name("x" * 100)) <= 47
+
+
+def test_training_run_name_is_the_same_for_retries_and_new_after_a_clear() -> None:
+    from airflow_provider_raytpu.operators.jax_trainer import run_name_of
+    from airflow_provider_raytpu.operators.ray_job import cycle_start
+
+    def run_name(try_number: int, max_tries: int, resume_on_clear: bool = False) -> str:
+        ti = SimpleNamespace(dag_id="nightly", run_id="r1", task_id="train", map_index=-1, try_number=try_number,
+                             max_tries=max_tries)
+        context = {"ti": ti}
+        return run_name_of(context, None if resume_on_clear else cycle_start(context, retries=2))
+
+    first_cycle = {run_name(1, 2), run_name(2, 2), run_name(3, 2)}
+    assert len(first_cycle) == 1 and run_name(1, 2).startswith("nightly.train-")
+    after_clear = {run_name(4, 5), run_name(5, 5)}
+    assert len(after_clear) == 1 and after_clear != first_cycle
+    assert run_name(4, 5, resume_on_clear=True) == run_name(1, 2)

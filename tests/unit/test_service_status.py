@@ -16,7 +16,7 @@ from airflow_provider_raytpu.status import (
     read_ray_service,
 )
 from airflow_provider_raytpu.tpu import TpuSlice
-from airflow_provider_raytpu.triggers.rayservice import DeployingClock
+from airflow_provider_raytpu.triggers.rayservice import ApplicationClock
 
 APPS = [{"name": "model", "import_path": "serving.model:build_app", "version_arg": "model_version"}]
 
@@ -129,10 +129,23 @@ def test_deploy_failed_on_the_new_cluster_fails_with_the_message() -> None:
                               "replica constructor raised")
 
 
-def test_unhealthy_on_the_serving_cluster() -> None:
+def test_unhealthy_on_the_serving_cluster_is_not_final() -> None:
     service = with_status(V1, active="svc-old12", active_apps=apps("UNHEALTHY", "replica health check failed"))
     status = read_ray_service(service, active_cluster=OLD)
     assert status.phase is ServicePhase.UNHEALTHY and "replica health check failed" in status.message
+    assert not status.finished, "Serve may recover it: the waiter's grace period decides"
+
+
+def test_an_unhealthy_clock_fires_only_after_the_grace_period() -> None:
+    clock = ApplicationClock(limit=600, state="UNHEALTHY")
+    unhealthy = read_ray_service(with_status(V1, active="svc-old12", active_apps=apps("UNHEALTHY")),
+                                 active_cluster=OLD)
+    clock.update(unhealthy, now=0)
+    assert clock.overdue(599) is None and clock.seconds_left(599) == 1
+    recovered = read_ray_service(with_status(V1, active="svc-old12", active_apps=apps()), active_cluster=OLD)
+    clock.update(recovered, now=500)
+    clock.update(unhealthy, now=550)
+    assert clock.overdue(1100) is None and clock.overdue(1150) == ("model", 600)
 
 
 def test_a_failure_message_with_braces_is_quoted_as_it_is() -> None:
@@ -246,7 +259,7 @@ def test_diagnosis_names_deployment_replicas_cluster_and_topology() -> None:
 
 
 def test_deploying_clock_counts_only_deploying_on_the_target_cluster() -> None:
-    clock = DeployingClock(limit=10)
+    clock = ApplicationClock(limit=10)
     provisioning = with_status(V1, ready=False, pending="svc-old12")
     clock.update(read_ray_service(provisioning, pending_cluster=OLD), now=0)
     assert clock.seconds_left(0) is None
@@ -258,4 +271,4 @@ def test_deploying_clock_counts_only_deploying_on_the_target_cluster() -> None:
     assert clock.overdue(15) == ("model", 10)
     clock.update(read_ray_service(with_status(V1, active="svc-old12", active_apps=apps()), active_cluster=OLD), now=16)
     assert clock.overdue(100) is None
-    assert DeployingClock(None).overdue(1e9) is None
+    assert ApplicationClock(None).overdue(1e9) is None

@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
-from airflow_provider_raytpu.status import ClusterStatus, Phase, diagnose_pods, read_ray_cluster, read_slices
+from airflow_provider_raytpu.status import (
+    ClusterStatus,
+    Phase,
+    ReconcileFailureGrace,
+    diagnose_pods,
+    read_ray_cluster,
+    read_slices,
+)
 from airflow_provider_raytpu.tpu import TpuSlice
 
 
@@ -78,11 +85,46 @@ def test_not_yet_reconciled_generation() -> None:
     assert status.phase is Phase.PROVISIONING and "not yet reconciled" in status.message
 
 
-def test_replica_failure_is_failed_with_reason_and_message() -> None:
-    failure = condition("ReplicaFailure", reason="FailedCreateWorkerPod", message="pods forbidden: quota exceeded")
+def test_a_replica_failure_is_progress_with_its_reason_and_since_when() -> None:
+    # KubeRay sets ReplicaFailure on any reconcile error and removes it on the next good reconcile.
+    failure = condition("ReplicaFailure", reason="FailedCreateWorkerPod", message="pods forbidden: quota exceeded",
+                        lastTransitionTime="2026-12-03T10:00:00Z")
+    status = read_ray_cluster(cluster_with({**READY, "readyWorkerReplicas": 4,
+                                            "conditions": [*READY["conditions"], failure]}))
+    assert status.phase is Phase.PROVISIONING and not status.finished and status.reconcile_failing
+    assert (status.reason, status.failing_since) == ("FailedCreateWorkerPod", "2026-12-03T10:00:00Z")
+    assert status.message == ("KubeRay cannot reconcile it since 2026-12-03T10:00:00Z (FailedCreateWorkerPod: pods "
+                              "forbidden: quota exceeded); 4 of 8 TPU hosts ready")
+    assert ClusterStatus.from_dict(status.to_dict()) == status
+    assert not read_ray_cluster(cluster_with(READY)).reconcile_failing
+
+
+def test_a_reconcile_failure_fails_only_after_the_grace_period() -> None:
+    failure = condition("ReplicaFailure", reason="FailedCreateWorkerPod", message="exceeded quota",
+                        lastTransitionTime="2026-12-03T10:00:00Z")
     status = read_ray_cluster(cluster_with({**READY, "conditions": [*READY["conditions"], failure]}))
-    assert status.phase is Phase.FAILED and status.reason == "FailedCreateWorkerPod"
-    assert "quota exceeded" in status.message
+    began = 1796292000.0  # 2026-12-03T10:00:00Z
+    grace = ReconcileFailureGrace(600)
+    assert grace.judge(status, began + 599) is status and grace.seconds_left(status, began + 599) == 1
+    failed = grace.judge(status, began + 601)
+    assert failed.phase is Phase.FAILED and failed.reason == "FailedCreateWorkerPod"
+    assert failed.message.startswith("KubeRay could not reconcile it for 601 s, longer than the grace period of 600 s: "
+                                     "KubeRay cannot reconcile it since 2026-12-03T10:00:00Z (FailedCreateWorkerPod")
+    # Without lastTransitionTime the clock starts when the waiter first sees the failure, and stops when it clears.
+    unstamped = read_ray_cluster(cluster_with({**READY, "conditions": [*READY["conditions"], condition(
+        "ReplicaFailure", reason="FailedCreateWorkerPod")]}))
+    grace = ReconcileFailureGrace(10)
+    assert grace.judge(unstamped, 100).phase is Phase.PROVISIONING
+    assert grace.judge(unstamped, 110).phase is Phase.FAILED
+    assert grace.judge(read_ray_cluster(cluster_with(READY)), 111).phase is Phase.READY
+    assert grace.judge(unstamped, 112).phase is Phase.PROVISIONING and grace.seconds_left(unstamped, 112) == 10
+
+
+def test_state_failed_is_fatal() -> None:
+    # KubeRay v1.5+ never sets it; the local backend does for Ray processes that cannot start.
+    status = read_ray_cluster(cluster_with({**READY, "state": "failed", "reason": "HeadFailed: the Ray head failed"}))
+    assert status.phase is Phase.FAILED and status.reason == "HeadFailed"
+    assert status.message == "the RayCluster failed: HeadFailed: the Ray head failed"
 
 
 def test_suspended() -> None:

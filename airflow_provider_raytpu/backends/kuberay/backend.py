@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.rest import ApiException
 
-from airflow_provider_raytpu.backends.apply import apply_object, same_spec
+from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER, OnChange, apply_object, same_spec
 from airflow_provider_raytpu.backends.base import ApplyResult, ClusterBackend
 from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
 from airflow_provider_raytpu.backends.kuberay.diagnosis import (
@@ -70,7 +70,8 @@ class KubeRayBackend(ClusterBackend):
     # -- RayCluster CRUD -------------------------------------------------------------------
 
     def apply_cluster(self, manifest: dict[str, Any], *, update_if_exists: bool = False) -> ApplyResult:
-        return apply_object(self.objects, manifest, same=same_spec, update=update_if_exists)
+        return apply_object(self.objects, manifest, same=same_spec, owner=CLUSTER_OWNER,
+                            on_change=OnChange.RECREATE if update_if_exists else OnChange.FAIL)
 
     def get_cluster(self, name: str, namespace: str) -> dict[str, Any] | None:
         return self.objects.get(name, namespace)
@@ -111,3 +112,6 @@ class KubeRayBackend(ClusterBackend):
 
     async def adiagnose(self, name: str, namespace: str) -> str:
         return await asyncio.to_thread(self.diagnose, name, namespace)
+
+    def close(self) -> None:
+        self.clients.close()

@@ -98,6 +98,12 @@ class KubeClients:
         """The authenticated sync client (made once; GKE tokens refresh on every request)."""
         return self.hook.api_client
 
+    def close(self) -> None:
+        """Close the sync client, if one was made (its connection pool and thread pool)."""
+        hook = self.__dict__.get("hook")
+        if hook is not None and "api_client" in hook.__dict__:
+            hook.api_client.close()
+
     @cached_property
     def custom_objects(self) -> k8s.CustomObjectsApi:
         return k8s.CustomObjectsApi(self.api_client)

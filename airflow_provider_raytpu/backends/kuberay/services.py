@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes_asyncio import client as k8s_async
 
-from airflow_provider_raytpu.backends.apply import apply_object, same_service
+from airflow_provider_raytpu.backends.apply import SERVICE_OWNER, OnChange, apply_object, same_service
 from airflow_provider_raytpu.backends.base import ApplyResult, ServiceBackend, service_config_problems
 from airflow_provider_raytpu.backends.kuberay.objects import RAY_SERVICES, CustomObjects
 from airflow_provider_raytpu.backends.kuberay.transport import reach
@@ -53,13 +53,16 @@ class KubeRayServices(ServiceBackend):
     # -- apply / get / delete ------------------------------------------------------------------
 
     def apply_service(self, manifest: dict[str, Any]) -> ApplyResult:
-        return apply_object(self.objects, manifest, same=same_service, update=True)
+        return apply_object(self.objects, manifest, same=same_service, owner=SERVICE_OWNER, on_change=OnChange.REPLACE)
 
     def get_service(self, name: str, namespace: str) -> dict[str, Any] | None:
         return self.objects.get(name, namespace)
 
     def delete_service(self, name: str, namespace: str) -> bool:
         return self.objects.delete(name, namespace)
+
+    def list_services(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return self.objects.list(namespace, label_selector)
 
     # -- status --------------------------------------------------------------------------------
 

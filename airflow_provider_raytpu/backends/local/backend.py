@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_raytpu.backends.apply import apply_object, same_spec
+from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER, OnChange, apply_object, same_spec
 from airflow_provider_raytpu.backends.base import Applied, ApplyResult, ClusterBackend
 from airflow_provider_raytpu.backends.local.lifecycle import processes_of, remove_cluster, start_cluster, stop_cluster
 from airflow_provider_raytpu.backends.local.plan import plan_cluster
@@ -75,8 +75,9 @@ def _applied(backend: LocalBackend, name: str, namespace: str) -> dict[str, Any]
 
 class _ClusterFiles:
     """A local cluster's files as the :class:`~airflow_provider_raytpu.backends.apply.ObjectStore` of
-    :func:`~airflow_provider_raytpu.backends.apply.apply_object`: creating or replacing one (re)starts
-    its supervisor. Used under the cluster's lock, so neither raises ``AlreadyExists`` nor ``StaleWrite``.
+    :func:`~airflow_provider_raytpu.backends.apply.apply_object`: creating one starts its supervisor,
+    deleting one stops its processes and removes its files (a changed spec is recreated, as on
+    KubeRay). Used under the cluster's lock, so create never raises ``AlreadyExists``.
     """
 
     def __init__(self, backend: LocalBackend, path: Path) -> None:
@@ -89,13 +90,8 @@ class _ClusterFiles:
         start_cluster(self.path, stored_form(manifest, None), fresh=True)
         return _applied(self.backend, manifest["metadata"]["name"], manifest["metadata"]["namespace"])
 
-    def replace(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        stored = StoredCluster.read(self.path)
-        if stored is None:
-            raise FatalError(f"RayCluster {self.path.name!r} vanished while it was being updated")
-        stop_cluster(stored)
-        start_cluster(self.path, stored_form(manifest, stored.manifest), fresh=False, previous=stored.state)
-        return _applied(self.backend, manifest["metadata"]["name"], manifest["metadata"]["namespace"])
+    def delete(self, name: str, namespace: str) -> bool:
+        return self.backend.remove_locked(name, namespace)
 
 
 class LocalBackend(ClusterBackend):
@@ -197,7 +193,8 @@ class LocalBackend(ClusterBackend):
                 # A delete that did not finish: finish it, then create afresh.
                 stop_cluster(stored)
                 remove_cluster(stored)
-            result = apply_object(_ClusterFiles(self, path), manifest, same=same_spec, update=update_if_exists)
+            result = apply_object(_ClusterFiles(self, path), manifest, same=same_spec, owner=CLUSTER_OWNER,
+                                  on_change=OnChange.RECREATE if update_if_exists else OnChange.FAIL)
             stored = self._read(name, namespace)
             if result.action is Applied.ADOPTED and stored is not None and not stored.supervisor_alive:
                 stop_cluster(stored)  # leftovers of the dead incarnation, if any
@@ -207,18 +204,22 @@ class LocalBackend(ClusterBackend):
 
     def delete_cluster(self, name: str, namespace: str) -> bool:
         with self._lock(name, namespace):
-            stored = self._read(name, namespace)
-            if stored is None:
-                path = self.cluster_dir(name, namespace)
-                if path.exists():  # a create that never wrote its manifest
-                    shutil.rmtree(path, ignore_errors=True)
-                return False
-            marked = copy.deepcopy(stored.manifest)
-            marked.setdefault("metadata", {}).setdefault("deletionTimestamp", utc_now())
-            write_json_atomic(stored.path / MANIFEST_FILE, marked)
-            stop_cluster(stored)
-            remove_cluster(stored)
-            return True
+            return self.remove_locked(name, namespace)
+
+    def remove_locked(self, name: str, namespace: str) -> bool:
+        """Delete the cluster (its lock held): mark it deleted, stop its processes, remove its files."""
+        stored = self._read(name, namespace)
+        if stored is None:
+            path = self.cluster_dir(name, namespace)
+            if path.exists():  # a create that never wrote its manifest
+                shutil.rmtree(path, ignore_errors=True)
+            return False
+        marked = copy.deepcopy(stored.manifest)
+        marked.setdefault("metadata", {}).setdefault("deletionTimestamp", utc_now())
+        write_json_atomic(stored.path / MANIFEST_FILE, marked)
+        stop_cluster(stored)
+        remove_cluster(stored)
+        return True
 
     # -- reading ------------------------------------------------------------------------------
 

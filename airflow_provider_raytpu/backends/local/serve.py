@@ -28,16 +28,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raytpu.backends.apply import apply_object, same_service, same_spec
+from airflow_provider_raytpu.backends.apply import SERVICE_OWNER, OnChange, apply_object, same_service, same_spec
 from airflow_provider_raytpu.backends.base import ApplyResult, ServiceBackend, service_config_problems
 from airflow_provider_raytpu.backends.local.process import free_port, read_json, write_json_atomic
+from airflow_provider_raytpu.backends.local.selectors import selector_matches
 from airflow_provider_raytpu.backends.local.serve_sync import (
     SERVE_STATE_FILE,
     SERVICE_FILE,
     service_lock,
     sync_serve_config,
 )
-from airflow_provider_raytpu.backends.local.state import service_dir, stored_form
+from airflow_provider_raytpu.backends.local.state import service_dir, services_dir, stored_form
 from airflow_provider_raytpu.backends.serve_api import serve_details
 from airflow_provider_raytpu.backends.transport import DirectTransport, HttpTransport
 from airflow_provider_raytpu.errors import FatalError
@@ -115,7 +116,8 @@ class LocalServices(ServiceBackend):
         name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
         path = self.service_dir(name, namespace)
         with service_lock(path):
-            applied = apply_object(_ServiceFiles(path), manifest, same=same_service, update=True)
+            applied = apply_object(_ServiceFiles(path), manifest, same=same_service, owner=SERVICE_OWNER,
+                                   on_change=OnChange.REPLACE)
             stored = applied.cluster
             state = self._serve_state(name, namespace)
             if "serve_port" not in state:
@@ -152,6 +154,15 @@ class LocalServices(ServiceBackend):
             cluster_gone = not self.backend.delete_cluster(local_cluster_name(name), namespace)
             shutil.rmtree(self.service_dir(name, namespace), ignore_errors=True)
         return stored is not None or not cluster_gone
+
+    def list_services(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        root = services_dir(self.backend.home, namespace)
+        found = []
+        for path in sorted(root.glob(f"*/{SERVICE_FILE}")) if root.is_dir() else []:
+            stored = read_json(path)
+            if stored and selector_matches((stored.get("metadata") or {}).get("labels") or {}, label_selector):
+                found.append(self.get_service(path.parent.name, namespace) or stored)
+        return found
 
     # -- Serve --------------------------------------------------------------------------------
 

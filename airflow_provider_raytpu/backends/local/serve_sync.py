@@ -22,13 +22,13 @@ from airflow_provider_raytpu.backends.local.process import file_lock, read_json,
 from airflow_provider_raytpu.backends.local.state import SERVICES_DIR, home_of
 from airflow_provider_raytpu.backends.serve_api import SERVE_APPLICATIONS_ENDPOINT, serve_details
 from airflow_provider_raytpu.backends.transport import HttpTransport
+from airflow_provider_raytpu.manifests.raycluster import ORIGINATED_FROM_LABEL
 from airflow_provider_raytpu.manifests.serveconfig import parse_serve_config
 
 log = logging.getLogger(__name__)
 
 SERVICE_FILE = "rayservice.json"
 SERVE_STATE_FILE = "serve.json"
-ORIGINATED_FROM_LABEL = "ray.io/originated-from-cr-name"
 PICKUP_SECONDS = 5.0
 SUBMIT_TIMEOUT_SECONDS = 60.0
 

@@ -76,10 +76,14 @@ def cluster_dir(home: Path, name: str, namespace: str) -> Path:
     return home / CLUSTERS_DIR / check_name(namespace, "namespace") / check_name(name, "cluster_name")
 
 
+def services_dir(home: Path, namespace: str) -> Path:
+    """The directory of a namespace's RayServices (whether or not it exists)."""
+    return home / SERVICES_DIR / resource_name(namespace, "namespace", 63)
+
+
 def service_dir(home: Path, name: str, namespace: str) -> Path:
     """A RayService's directory (whether or not it exists); both names are checked."""
-    name = resource_name(name, "service_name", RAY_SERVICE_NAME_LIMIT)
-    return home / SERVICES_DIR / resource_name(namespace, "namespace", 63) / name
+    return services_dir(home, namespace) / resource_name(name, "service_name", RAY_SERVICE_NAME_LIMIT)
 
 
 def home_of(cluster_path: Path) -> Path:

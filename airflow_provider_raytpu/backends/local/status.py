@@ -57,8 +57,8 @@ def _pod(name: str, namespace: str, labels: dict[str, str], host: Mapping[str, A
 def synthesise_status(stored: StoredCluster) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The RayCluster with a KubeRay-like ``status``, and pod-like objects for its hosts.
 
-    ``status`` has ``HeadPodReady``, ``RayClusterProvisioned`` and (when something failed,
-    or the supervisor is not running) ``ReplicaFailure`` conditions, ``desiredWorkerReplicas``
+    ``status`` has ``HeadPodReady`` and ``RayClusterProvisioned`` conditions, ``state: failed``
+    with a ``reason`` when something failed for good or the supervisor is not running, ``desiredWorkerReplicas``
     and ``readyWorkerReplicas``; each host is a pod with the replica-index labels of KubeRay's
     multi-host indexing and a Ready condition that is true only once its raylet is ALIVE in the GCS.
     """
@@ -80,15 +80,11 @@ def synthesise_status(stored: StoredCluster) -> tuple[dict[str, Any], list[dict[
                    "AllPodRunningAndReadyFirstTime" if head_ready and ready_hosts >= want else "RayClusterPodsProvisioning"),
     ]
     failure = state.get("failure")
-    if failure:
-        conditions.append(_condition("ReplicaFailure", True, failure.get("reason", "Failed"), failure.get("message", "")))
-    elif not alive and not starting and not stored.deleting:
-        log_path = stored.path / SUPERVISOR_LOG
-        conditions.append(_condition(
-            "ReplicaFailure", True, "SupervisorNotRunning",
+    if not failure and not alive and not starting and not stored.deleting:
+        failure = {"reason": "SupervisorNotRunning", "message": (
             f"the local supervisor (pid {sup.get('pid') if sup else None}) of RayCluster {name!r} is not running, "
-            f"so none of its Ray processes are; see {log_path}. Apply the cluster again to restart it, or delete it",
-        ))
+            f"so none of its Ray processes are; see {stored.path / SUPERVISOR_LOG}. Apply the cluster again to "
+            "restart it, or delete it")}
     status: dict[str, Any] = {
         "desiredWorkerReplicas": want,
         "readyWorkerReplicas": ready_hosts,
@@ -96,7 +92,11 @@ def synthesise_status(stored: StoredCluster) -> tuple[dict[str, Any], list[dict[
         "conditions": conditions,
         "observedGeneration": metadata.get("generation", 1),
     }
-    if state.get("suspended"):
+    if failure:
+        # Fatal, unlike KubeRay's ReplicaFailure (a reconcile error that may clear): KubeRay's own
+        # "failed" state, which v1.5 and newer never set.
+        status["state"], status["reason"] = "failed", f"{failure.get('reason', 'Failed')}: {failure.get('message', '')}"
+    elif state.get("suspended"):
         status["state"] = "suspended"
     elif head_ready and ready_hosts >= want:
         status["state"] = "ready"

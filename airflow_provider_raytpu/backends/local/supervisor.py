@@ -18,6 +18,10 @@ cluster outlives the Airflow task that made it. The supervisor
 - for the cluster of a RayService, stands in for KubeRay's RayService controller: while the
   head runs, it PUTs the service's Serve config whenever Serve lacks it (a restarted head
   starts with an empty Serve; :mod:`airflow_provider_raytpu.backends.local.serve_sync`);
+- stops its processes and exits by itself when nobody can use them any more: its state
+  directory is gone (a removed home, a killed test run's temp dir) or names another
+  incarnation, or the cluster's expiry (``raytpu.dev/expires-at``, from ``max_lifetime``)
+  has passed, so a lost cluster does not run on until someone deletes it;
 - on SIGTERM stops exactly its own processes and exits. It is a session leader and every
   process it starts inherits the environment variable
   :data:`~airflow_provider_raytpu.backends.local.process.CLUSTER_MARKER_ENV` = the
@@ -71,8 +75,10 @@ from airflow_provider_raytpu.backends.local.state import (
     POLL_SECONDS,
     STATE_FILE,
     STATE_VERSION,
+    SUPERVISOR_FILE,
 )
 from airflow_provider_raytpu.backends.transport import DirectTransport
+from airflow_provider_raytpu.manifests.raycluster import EXPIRES_AT_ANNOTATION, parse_expiry
 
 log = logging.getLogger("airflow_provider_raytpu.local_supervisor")
 
@@ -80,6 +86,7 @@ READY_CHECK_SECONDS = 2.0
 START_TIMEOUT_SECONDS = float(os.environ.get("RAYTPU_LOCAL_START_TIMEOUT", "180"))
 MAX_FAILED_STARTS = int(os.environ.get("RAYTPU_LOCAL_MAX_FAILED_STARTS", "3"))
 SERVE_CHECK_SECONDS = 5.0
+OWNERSHIP_CHECK_SECONDS = 5.0
 
 
 class Supervisor:
@@ -119,6 +126,9 @@ class Supervisor:
         self.service_dir = service_dir_of(state_dir, manifest)
         self.serve_check: threading.Thread | None = None
         self.next_serve_check = 0.0
+        self.expiry = ((manifest.get("metadata") or {}).get("annotations") or {}).get(EXPIRES_AT_ANNOTATION)
+        self.expires_at = parse_expiry(self.expiry).timestamp() if self.expiry else None
+        self.next_ownership_check = 0.0
 
     # -- state --------------------------------------------------------------------------------
 
@@ -312,6 +322,21 @@ class Supervisor:
 
     # -- main loop ----------------------------------------------------------------------------
 
+    def why_stop(self) -> str | None:
+        """Why nobody can use this cluster any more (its processes should go), or ``None``."""
+        if not self.state_dir.is_dir():
+            return f"state directory {self.state_dir} is gone"
+        if self.expires_at is not None and time.time() >= self.expires_at:
+            self.fail("Expired", f"the cluster's max_lifetime ended at {self.expiry}: its Ray processes were "
+                                 "stopped. Delete it (DeleteExpiredRayClustersOperator does)")
+            return "its expiry has passed"
+        if time.monotonic() >= self.next_ownership_check:
+            self.next_ownership_check = time.monotonic() + OWNERSHIP_CHECK_SECONDS
+            recorded = read_json(self.state_dir / SUPERVISOR_FILE)
+            if recorded and recorded.get("incarnation") not in (None, self.incarnation):
+                return f"{self.state_dir} now belongs to incarnation {recorded['incarnation']}"
+        return None
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_requested = True
 
@@ -326,8 +351,8 @@ class Supervisor:
         self.publish()
         try:
             while not self.stop_requested:
-                if not self.state_dir.is_dir():
-                    log.warning("state directory %s is gone; stopping", self.state_dir)
+                if why := self.why_stop():
+                    log.warning("stopping: %s", why)
                     break
                 self.reconcile()
                 self.publish()

@@ -1,0 +1,127 @@
+"""What the RayCluster and RayService delete operators share: by name, or by owner when no name is given.
+
+A teardown must not depend on its setup's success or XCom: when a create task applied its
+object and then failed (a lost answer, a timeout), Airflow would skip a teardown whose
+setups all failed, its XCom is missing and a templated name cannot render, yet the object
+runs on. So as a teardown it runs once everything upstream is done, whatever happened
+(``all_done``), and without a name :class:`DeleteOwnedOperator` lists this provider's
+objects whose owner labels say this DAG (and, for a RayCluster, this run) made them, keeps
+those whose owner annotations name one of the creating tasks exactly, and deletes them.
+The creating tasks are ``created_by``, else the creating operators upstream of the teardown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow.sdk import BaseOperator, TriggerRule
+from airflow_provider_raytpu.backends.apply import owner_of, wait_until_gone
+from airflow_provider_raytpu.manifests.names import label_value, resource_name
+from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, MANAGED_BY, MANAGED_BY_LABEL, RUN_ID_KEY, TASK_ID_KEY
+from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class DeleteOwnedOperator(ClusterTaskMixin, BaseOperator):
+    """Delete one named object, or every object the creating tasks of this DAG (run) made.
+
+    Subclasses say which kind (:attr:`kind`), which owner keys select (:attr:`owner_keys`), the
+    name's length limit, which operators create it (:meth:`creates`) and how the backend
+    gets, deletes and lists it.
+
+    :param namespace: the namespace; default: the reference's, else the connection's.
+    :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
+    :param created_by: without a name, delete what these task ids made; default: the task ids
+        of the creating operators upstream of this task, else every task of the DAG.
+    :param wait_for_deletion: wait until each deleted object is gone.
+    :param deletion_timeout: seconds to wait for that.
+    :param poll_interval: seconds between checks while waiting.
+    """
+
+    kind: ClassVar[str]
+    owner_keys: ClassVar[tuple[str, ...]]
+    name_limit: ClassVar[int]
+    other_selectors: ClassVar[tuple[str, ...]] = ()
+    ui_color = "#fde8e8"
+
+    def __init__(self, *, namespace: str | None = None, raytpu_conn_id: str | None = None,
+                 created_by: str | Sequence[str] | None = None, wait_for_deletion: bool = False,
+                 deletion_timeout: float = 600, poll_interval: float = 2, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.namespace = namespace
+        self.raytpu_conn_id = raytpu_conn_id
+        self.created_by = created_by
+        self.wait_for_deletion = wait_for_deletion
+        self.deletion_timeout = deletion_timeout
+        self.poll_interval = poll_interval
+
+    def as_teardown(self, *, setups: Any = None, on_failure_fail_dagrun: bool | None = None) -> DeleteOwnedOperator:
+        """Airflow's ``as_teardown``, run also when every setup failed (a create can fail after applying)."""
+        super().as_teardown(setups=setups, on_failure_fail_dagrun=on_failure_fail_dagrun)
+        if not (self.has_dag() and self.dag.fail_fast):  # a fail_fast DAG allows only its default rules
+            self.trigger_rule = TriggerRule.ALL_DONE
+        return self
+
+    # -- what a subclass provides -------------------------------------------------------------
+
+    def creates(self, task: Any) -> bool:
+        """Whether an upstream task is an operator that creates this kind."""
+        raise NotImplementedError
+
+    def get_object(self, name: str, namespace: str) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def delete_object(self, name: str, namespace: str) -> bool:
+        raise NotImplementedError
+
+    def list_objects(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    # -- shared -------------------------------------------------------------------------------
+
+    def creating_tasks(self) -> list[str]:
+        """``created_by``, else the creating operators upstream of this task (empty: any task)."""
+        if self.created_by:
+            return [self.created_by] if isinstance(self.created_by, str) else list(self.created_by)
+        return sorted(task.task_id for task in self.get_flat_relatives(upstream=True) if self.creates(task))
+
+    def owned(self, context: Context, namespace: str) -> list[str]:
+        """The names of the objects in ``namespace`` the creating tasks of this DAG (run) made."""
+        ti = context["ti"]
+        wanted = {DAG_ID_KEY: ti.dag_id, RUN_ID_KEY: ti.run_id}
+        selector = [f"{MANAGED_BY_LABEL}={MANAGED_BY}", *self.other_selectors]
+        selector += [f"{key}={label_value(value)}" for key, value in wanted.items() if key in self.owner_keys]
+        tasks = self.creating_tasks()
+        found = []
+        for obj in self.list_objects(namespace, ",".join(selector)):
+            recorded = dict(zip(self.owner_keys, owner_of(obj, self.owner_keys)))
+            if all(recorded[key] == value for key, value in wanted.items() if key in self.owner_keys) and (
+                not tasks or recorded.get(TASK_ID_KEY) in tasks
+            ):
+                found.append(obj["metadata"]["name"])
+        where = f"made by task(s) {', '.join(tasks)}" if tasks else "made by any task"
+        scope = "this DAG run" if RUN_ID_KEY in self.owner_keys else "this DAG"
+        self.log.info("No %s name given: %d %s(s) of %s %s in namespace %s: %s", self.kind, len(found), self.kind,
+                      scope, where, namespace, ", ".join(found) or "none")
+        return found
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        with fail_fast():
+            namespace = self.resolved_namespace()
+            name = getattr(self, self.reference_name)
+            names = [resource_name(name, self.reference_name, self.name_limit)] if name else self.owned(context, namespace)
+            deleted = []
+            for target in names:
+                if self.delete_object(target, namespace):
+                    deleted.append(target)
+                self.log.info("%s %s/%s %s", self.kind, namespace, target,
+                              "deleted" if target in deleted else "was already gone")
+            if self.wait_for_deletion:
+                for target in deleted:
+                    wait_until_gone(self.kind, target, namespace, self.get_object, self.deletion_timeout, self.poll_interval)
+        key = self.reference_name
+        return {key: names[0] if len(names) == 1 else None, f"{key}s": names, "namespace": namespace,
+                "deleted": bool(deleted)}

@@ -1,0 +1,151 @@
+"""What the real KubeRay operator does where DAGs share a namespace: a spec change, a quota refusal.
+
+- KubeRay v1.5 has no RayCluster upgradeStrategy: a PUT of a new slice shape leaves the old
+  hosts running next to new ones. ``update_if_exists`` recreates the cluster instead.
+- A pod refused by a ResourceQuota is a reconcile error: KubeRay sets ``ReplicaFailure``
+  (``FailedCreateWorkerPod``) and clears it once the pod can be created. The ready sensor
+  waits it out instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from tests.airflow_runner import run_dag
+from tests.k8s.controlplane import ControlPlane
+from tests.k8s.support import TPU_TOPOLOGY_LABEL, V6E, NodePools, get_json, rayclusters, states, wait_for, wait_no_pods
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(480), pytest.mark.usefixtures("admin_connections")]
+
+LOGICAL_DATE = datetime(2026, 12, 2, tzinfo=timezone.utc)
+
+RECREATE = '''
+from datetime import datetime
+from airflow.sdk import DAG, task
+from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator, DeleteRayClusterOperator
+from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
+
+with DAG("k8s_recreate", schedule=None, start_date=datetime(2026, 1, 1), default_args={{"retries": 0}}):
+    create = CreateRayClusterOperator(task_id="create_cluster", accelerator="v6e", num_slices=2,
+                                      update_if_exists=True, {shape})
+    ready = RayClusterReadySensor(task_id="wait_ready", cluster=create.output, timeout=240, poke_interval=1)
+
+    @task
+    def hosts(reference):
+        """The TPU host pods as they are when the sensor said ready: pod uid and node."""
+        pods = RayTpuHook().backend.cluster_pods(reference["cluster_name"], reference["namespace"])
+        return sorted([p["metadata"]["uid"], p["spec"].get("nodeName")] for p in pods
+                      if p["metadata"]["labels"].get("ray.io/node-type") == "worker")
+
+    snapshot = hosts(create.output)
+    ready >> snapshot
+    {teardown}
+'''
+
+
+@pytest.fixture(scope="module")
+def v6e_nodes(module_node_pools: NodePools, head_nodes: list[str]) -> dict[str, list[str]]:
+    """Two v6e 2x2 slices (one 4-chip host each) and two v6e 2x4 slices of two 4-chip hosts."""
+    return {"2x2": module_node_pools.add("v6e-2x2", tpu=V6E, topology="2x2", num_nodes=2).nodes,
+            "2x4": module_node_pools.add("v6e-2x4", tpu=V6E, topology="2x4", num_nodes=4).nodes}
+
+
+def node_topology(cp: ControlPlane, node: str) -> str:
+    status, body = get_json(cp, f"/api/v1/nodes/{node}")
+    assert status == 200, body
+    return body["metadata"]["labels"][TPU_TOPOLOGY_LABEL]
+
+
+def test_a_new_slice_shape_with_update_if_exists_recreates_the_cluster(
+        airflow_home: Path, k8s_control_plane: ControlPlane, v6e_nodes: dict[str, list[str]], namespace: str,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    cp = k8s_control_plane
+    first = run_dag(airflow_home, RECREATE.format(shape="topology='2x2'", teardown=""), "k8s_recreate",
+                    logical_date=LOGICAL_DATE)
+    assert states(first) == {"create_cluster": "success", "wait_ready": "success", "hosts": "success"}, first
+    name = first["create_cluster"].result["cluster_name"]
+    old_uid = rayclusters(cp, namespace)[0]["metadata"]["uid"]
+    assert {node_topology(cp, node) for _, node in first["hosts"].result} == {"2x2"}
+
+    # The same task of the same run, the DAG edited to v6e 2x4 slices of two 4-chip hosts.
+    teardown = "delete = DeleteRayClusterOperator(task_id='delete_cluster', wait_for_deletion=True)\n" \
+               "    snapshot >> delete.as_teardown(setups=[create, ready])"
+    second = run_dag(airflow_home, RECREATE.format(shape="topology='2x4', chips_per_host=4", teardown=teardown),
+                     "k8s_recreate", logical_date=LOGICAL_DATE)
+    assert states(second) == {"create_cluster": "success", "wait_ready": "success", "hosts": "success",
+                              "delete_cluster": "success"}, second
+    assert second["create_cluster"].result["cluster_name"] == name
+    assert f"RayCluster {namespace}/{name} recreated" in capfd.readouterr().out
+    assert second["wait_ready"].result["ready_hosts"] == 4
+    hosts = second["hosts"].result
+    # Every host of the ready cluster is a new pod on a 2x4 node: none of the old shape is counted.
+    assert {node_topology(cp, node) for _, node in hosts} == {"2x4"}, hosts
+    assert not {uid for uid, _ in hosts} & {uid for uid, _ in first["hosts"].result}
+    assert second["delete_cluster"].result["cluster_names"] == [name]
+    assert rayclusters(cp, namespace) == [] and old_uid
+    wait_no_pods(cp, namespace)
+
+
+QUOTA_DAG = '''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator, DeleteRayClusterOperator
+from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
+
+with DAG("k8s_quota", schedule=None, start_date=datetime(2026, 1, 1), default_args={"retries": 0}):
+    create = CreateRayClusterOperator(task_id="create_cluster", cluster_name="quota", accelerator="v6e",
+                                      topology="2x4", chips_per_host=4)
+    ready = RayClusterReadySensor(task_id="wait_ready", cluster=create.output, timeout=240, poke_interval=1)
+    delete = DeleteRayClusterOperator(task_id="delete_cluster", wait_for_deletion=True)
+    create >> ready >> delete.as_teardown(setups=[create, ready])
+'''
+
+
+def replica_failure(cp: ControlPlane, namespace: str) -> dict | None:
+    status, body = get_json(cp, f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters/quota")
+    if status != 200:
+        return None
+    return next((c for c in (body.get("status") or {}).get("conditions") or []
+                 if c["type"] == "ReplicaFailure" and c["status"] == "True"), None)
+
+
+def test_a_worker_pod_refused_by_a_quota_is_waited_out(
+        airflow_home: Path, k8s_control_plane: ControlPlane, v6e_nodes: dict[str, list[str]], namespace: str,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    cp = k8s_control_plane
+    quota = f"/api/v1/namespaces/{namespace}/resourcequotas"
+    # Room for the head and one of the slice's two hosts.
+    status, body = cp.request("POST", quota, json.dumps({
+        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "pods"}, "spec": {"hard": {"pods": "2"}},
+    }).encode())
+    assert status == 201, body
+    wait_for(lambda: get_json(cp, f"{quota}/pods")[1].get("status", {}).get("used"), 60, "the quota's usage")
+    seen: dict[str, dict] = {}
+    errors: list[BaseException] = []
+
+    def raise_the_quota() -> None:
+        try:
+            seen["failure"] = wait_for(lambda: replica_failure(cp, namespace), 180, "KubeRay's ReplicaFailure")
+            status, body = cp.request("DELETE", f"{quota}/pods")
+            assert status == 200, body
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    helper = threading.Thread(target=raise_the_quota, daemon=True)
+    helper.start()
+    outcome = run_dag(airflow_home, QUOTA_DAG, "k8s_quota")
+    helper.join(30)
+    assert not errors, errors
+    assert seen["failure"]["reason"] == "FailedCreateWorkerPod", seen["failure"]
+    assert "exceeded quota" in seen["failure"]["message"]
+    assert states(outcome) == {"create_cluster": "success", "wait_ready": "success", "delete_cluster": "success"}
+    assert outcome["wait_ready"].try_number == 1 and outcome["wait_ready"].result["ready_hosts"] == 2
+    log = capfd.readouterr().out
+    assert "KubeRay cannot reconcile it since " in log and "(FailedCreateWorkerPod: " in log
+    wait_no_pods(cp, namespace)
