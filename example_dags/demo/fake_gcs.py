@@ -47,22 +47,24 @@ def binary_path() -> Path:
     return binary
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
 class FakeGcsServer:
-    """One fake-gcs-server process (memory backend, HTTP) on 127.0.0.1.
+    """One fake-gcs-server process (memory backend, HTTP), on 127.0.0.1 unless told otherwise.
 
     :param port: the port to listen on; a free one when ``None``.
     :param startup_timeout: seconds to wait for the "server started" line.
+    :param host: the address to listen on (and to advertise), e.g. one that other network
+        namespaces of this machine reach.
     """
 
-    def __init__(self, port: int | None = None, startup_timeout: float = 30.0) -> None:
-        self.host = "127.0.0.1"
-        self.port = port or _free_port()
+    def __init__(self, port: int | None = None, startup_timeout: float = 30.0, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = port or _free_port(host)
         self.startup_timeout = startup_timeout
         self._process: subprocess.Popen[str] | None = None
         self._output: deque[str] = deque(maxlen=200)

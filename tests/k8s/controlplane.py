@@ -17,7 +17,11 @@ plus a *virtual kubelet* (:class:`VirtualKubelet`, Python, official
 GKE nodes created by :meth:`ControlPlane.add_node_pool` look alive: it renews
 their Leases, reports pods bound to them Running and Ready, finishes pods that
 are being deleted, and fails + deletes the pods of a node that is deleted
-(what GKE does on a preemption).
+(what GKE does on a preemption). On host-process nodes it runs the pods'
+containers for real, each pod in a network namespace of its own
+(:class:`~tests.k8s.podnet.PodNetwork`, when this machine allows it), and
+GKE's TPU webhook (tests/k8s/tpuwebhook.py) mutates the TPU pods made in
+namespaces that ask for it.
 
 Usage::
 
@@ -71,7 +75,10 @@ from tests.k8s.components import (
 from tests.k8s.kubelet import VirtualKubelet
 from tests.k8s.nodes import GkeNodePools
 from tests.k8s.pki import write_pki
+from tests.k8s.podnet import PodNetwork, PodNetworkUnavailable
 from tests.k8s.processes import BinariesNotBuilt, Component, ControlPlaneError, find_bin_dir, free_ports
+from tests.k8s.tpuwebhook import NAMESPACE_LABEL as TPU_WEBHOOK_LABEL
+from tests.k8s.tpuwebhook import TpuWebhook
 
 __all__ = ["BinariesNotBuilt", "ControlPlane", "ControlPlaneError", "VirtualKubelet", "control_plane_session",
            "k8s_control_plane"]
@@ -89,13 +96,16 @@ class ControlPlane:
 
     Attributes: ``server`` (https URL), ``admin_token``, ``ca_path``,
     ``kubeconfig_path`` (admin), ``workdir`` (temp dir), ``logs_dir``,
-    ``crd_dir``, ``timings`` (seconds per startup step), ``components``.
+    ``crd_dir``, ``timings`` (seconds per startup step), ``components``,
+    ``pod_network`` (``None`` when this machine does not allow one: then
+    ``pod_network_problem`` says why, and host-process pods share its address),
+    ``tpu_webhook``.
     """
 
     def __init__(self, *, bin_dir: Path | None = None, workdir: Path | None = None,
                  crd_dir: Path | None = None, keep_workdir: bool | None = None,
                  operator_args: list[str] | None = None,
-                 kubelet: bool = True) -> None:
+                 kubelet: bool = True, pod_network: bool = True) -> None:
         self.bin_dir = Path(bin_dir) if bin_dir else find_bin_dir()
         self.crd_dir = Path(crd_dir) if crd_dir else self.bin_dir.parent / "crds"
         self._own_workdir = workdir is None
@@ -110,6 +120,10 @@ class ControlPlane:
         self.components: dict[str, Component] = {}
         self.timings: dict[str, float] = {}
         self.kubelet: VirtualKubelet | None = None
+        self._want_pod_network = pod_network and kubelet
+        self.pod_network: PodNetwork | None = None
+        self.pod_network_problem = "" if self._want_pod_network else "not asked for"
+        self.tpu_webhook: TpuWebhook | None = None
         self._stopped = False
         self._lock = threading.Lock()
 
@@ -131,7 +145,8 @@ class ControlPlane:
         self.pki: dict[str, Path] = {}
         self.ca_path: Path = self.workdir / "pki" / "ca.crt"
         self.kubeconfig_path: Path = self.workdir / "admin.kubeconfig"
-        self.gke_nodes = GkeNodePools(self.api_client, self._controller_manager_log)
+        self.gke_nodes = GkeNodePools(self.api_client, self._controller_manager_log,
+                                      lambda: self.pod_network is not None)
 
     def _controller_manager_log(self) -> str:
         kcm = self.components.get("kube-controller-manager")
@@ -190,8 +205,15 @@ class ControlPlane:
         step("kube-scheduler", lambda: self._wait(sched, lambda: self._https_healthz(self.scheduler_port), deadline))
         step("kube-controller-manager", lambda: self._wait(kcm, lambda: self._https_healthz(self.kcm_port), deadline))
         step("default-serviceaccount", lambda: self._wait_default_service_account(deadline))
+        self.tpu_webhook = TpuWebhook(self.request, self.logs_dir / "tpu-webhook.log")
+        step("tpu-webhook", self.tpu_webhook.start)
+        if self._want_pod_network:
+            try:
+                self.pod_network = step("pod-network", PodNetwork.create)
+            except PodNetworkUnavailable as e:
+                self.pod_network_problem = str(e)
         if self._want_kubelet:
-            self.kubelet = VirtualKubelet(self)
+            self.kubelet = VirtualKubelet(self, self.pod_network)
             step("virtual-kubelet", self.kubelet.start)
         self.timings["total"] = round(time.monotonic() - t0, 2)
         (self.workdir / "timings.json").write_text(json.dumps(self.timings, indent=1))
@@ -206,6 +228,10 @@ class ControlPlane:
             self._stopped = True
         if self.kubelet is not None:
             self.kubelet.stop(timeout=5)
+        if self.pod_network is not None:
+            self.pod_network.close()
+        if self.tpu_webhook is not None:
+            self.tpu_webhook.stop()
         # Clients first (in parallel), then the API server, then etcd.
         tiers = [["kuberay-operator", "kube-controller-manager", "kube-scheduler"], ["kube-apiserver"], ["etcd"]]
         for tier in tiers:
@@ -417,10 +443,15 @@ class ControlPlane:
                 spec=client.V1TokenRequestSpec(audiences=audiences or [], expiration_seconds=expiration_seconds)))
             return tr.status.token
 
-    def create_namespace(self, name: str, timeout: float = 30.0) -> str:
+    def create_namespace(self, name: str, timeout: float = 30.0, *, tpu_webhook: bool = False) -> str:
         """Create a namespace and wait for its ``default`` ServiceAccount
-        (pods are rejected until the serviceaccount controller made it)."""
-        body = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}).encode()
+        (pods are rejected until the serviceaccount controller made it).
+
+        :param tpu_webhook: GKE's TPU webhook (tests/k8s/tpuwebhook.py) mutates the TPU pods made in it.
+        """
+        labels = {TPU_WEBHOOK_LABEL: "enabled"} if tpu_webhook else {}
+        body = json.dumps({"apiVersion": "v1", "kind": "Namespace",
+                           "metadata": {"name": name, "labels": labels}}).encode()
         status, out = self.request("POST", "/api/v1/namespaces", body)
         if status not in (201, 409):
             raise ControlPlaneError(f"creating namespace {name}: HTTP {status}: {out[:500]!r}")
@@ -469,6 +500,10 @@ def control_plane_session(request=None, **kwargs: Any) -> Iterator[ControlPlane]
     with ControlPlane.start(bin_dir=bin_dir, **kwargs) as cp:
         print(f"\n[k8s] control plane up in {cp.timings['total']}s at {cp.server} (workdir {cp.workdir}); "
               f"steps: {cp.timings}", file=sys.stderr)
+        if cp.pod_network is None:
+            print(f"\n[k8s] pods get no network of their own ({cp.pod_network_problem}): single-head mode, "
+                  "host-process pods share this machine's address; tests that need more real pods skip",
+                  file=sys.stderr)
         yield cp
         if request is not None and request.session.testsfailed:
             cp.keep_workdir = True

@@ -1,17 +1,24 @@
-"""Pods whose container really runs: as processes on this machine, like ``hostNetwork`` pods.
+"""Pods whose containers really run: as processes on this machine, each pod in a network of its own.
 
-The virtual kubelet (kubelet.py) hands a pod bound to a node labelled
-:data:`LABEL_HOST_PROCESSES` to :class:`HostProcessPod`: the pod's first container's
-``command`` + ``args`` run under bash with the container's environment (plain values and
-the ``fieldRef`` ones a kubelet resolves) over what the local backend gives its Ray processes
-(``ray_process_env``: the virtualenv's ``bin`` first on ``PATH``, so the image's ``ray`` is
-ours; no token authentication), and the container's own ``readinessProbe`` (an exec probe) decides
-when the pod is Ready. The pod's IP is the node's InternalIP, this machine's non-loopback
-address, so the API server's service proxy reaches what the container serves.
+The virtual kubelet (kubelet.py) hands a pod bound to a node labelled :data:`LABEL_HOST_PROCESSES`
+to :class:`HostProcessPod`. Like a kubelet it runs the pod's init containers one after the other to
+completion, then its first container; each runs its ``command`` + ``args`` with the container's
+environment over what the local backend gives its Ray processes (``ray_process_env``: the
+virtualenv's ``bin`` first on ``PATH``, so the image's ``ray`` is ours; no token authentication).
+The environment is resolved as a kubelet does: plain values with ``$(VAR)`` references expanded,
+``fieldRef`` values, and before them what GKE's TPU device plugin adds to a container that was
+allocated ``google.com/tpu`` chips (tests/k8s/tpuenv.py). The container's own ``readinessProbe``
+(an exec probe) decides when the pod is Ready.
 
-For a KubeRay head pod that is a real Ray head with its dashboard on 8265: job submission
-through ``/api/v1/namespaces/<ns>/services/<head-svc>:dashboard/proxy`` reaches a real Ray.
-The ports are the container's own, fixed, so one such pod runs per node at a time.
+With a :class:`~tests.k8s.podnet.PodSandbox` (the normal case) every process runs inside the pod's
+network namespace: the pod has its own IP, ``0.0.0.0`` and ``localhost`` are the pod's, and many
+Ray pods (heads included) run side by side with KubeRay's fixed ports. Without one (no
+CAP_NET_ADMIN) the pod shares this machine's address, so only one such pod runs per node.
+
+What this machine's budget changes in a pod: a TPU host's raylet gets at most 1 CPU (``--num-cpus``,
+which KubeRay takes from the container's CPU limit, a TPU machine type's vCPUs, is capped in the
+container's command; a head keeps what KubeRay gives it), every raylet a 150 MiB object store,
+Ray's files go to a directory of the pod's own (``RAY_TMPDIR``), and JAX runs on the CPU.
 """
 
 from __future__ import annotations
@@ -22,16 +29,24 @@ import re
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_raytpu.backends.local.process import cluster_processes, kill_processes, ray_process_env
+from tests.k8s.podnet import PodSandbox
+from tests.k8s.tpuenv import container_tpu_env
 
 LABEL_HOST_PROCESSES = "raytpu.test/host-processes"
+MAX_CPUS = 1
+OBJECT_STORE_BYTES = 150 * 1024 * 1024
 
 # The Airflow / test environment that must not leak into the "container" (ray_process_env drops the rest).
 _NOT_INHERITED = ("AIRFLOW_HOME", "PYTEST_CURRENT_TEST")
 _FIELD_PATH = re.compile(r"metadata\.(labels|annotations)\['([^']+)'\]")
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+_NUM_CPUS = re.compile(r"--num-cpus[= ]['\"]?([0-9.]+)['\"]?")
 
 
 def host_address() -> str:
@@ -46,12 +61,26 @@ def host_address() -> str:
                        "because the API server's service proxy refuses loopback endpoints")
 
 
-def _field_value(pod: Any, field_path: str, pod_ip: str) -> str:
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a kubelet knows about its node and a container needs: address, labels, TPU chips.
+
+    :param ip: the node's InternalIP (``status.hostIP``).
+    :param labels: the node's labels (the TPU device plugin reads accelerator and topology).
+    :param tpu_chips: the node's ``google.com/tpu`` capacity.
+    """
+
+    ip: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    tpu_chips: int = 0
+
+
+def _field_value(pod: Any, field_path: str, pod_ip: str, host_ip: str) -> str:
     """What a kubelet puts in an env var from ``valueFrom.fieldRef``."""
     simple = {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace,
               "metadata.uid": pod.metadata.uid, "spec.nodeName": pod.spec.node_name,
               "spec.serviceAccountName": pod.spec.service_account_name, "status.podIP": pod_ip,
-              "status.hostIP": pod_ip}
+              "status.hostIP": host_ip}
     if field_path in simple:
         return simple[field_path] or ""
     if match := _FIELD_PATH.fullmatch(field_path):
@@ -59,14 +88,25 @@ def _field_value(pod: Any, field_path: str, pod_ip: str) -> str:
     raise ValueError(f"host-process pods do not resolve fieldRef {field_path!r}")
 
 
-def container_env(pod: Any, container: Any, pod_ip: str) -> dict[str, str]:
+def expand(value: str, defined: Mapping[str, str]) -> str:
+    """A kubelet's ``$(VAR)`` expansion: a variable defined earlier in the container is replaced,
+    an unknown reference stays as written, ``$$`` is a literal ``$``."""
+    def one(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return defined.get(match.group(1), match.group(0))
+
+    return _VAR_REF.sub(one, value)
+
+
+def container_env(pod: Any, container: Any, pod_ip: str, host_ip: str | None = None) -> dict[str, str]:
     """The container's environment as a kubelet resolves it (values and fieldRefs; not secrets)."""
     env: dict[str, str] = {}
     for var in container.env or []:
         if var.value is not None:
-            env[var.name] = var.value
+            env[var.name] = expand(var.value, env)
         elif var.value_from is not None and var.value_from.field_ref is not None:
-            env[var.name] = _field_value(pod, var.value_from.field_ref.field_path, pod_ip)
+            env[var.name] = _field_value(pod, var.value_from.field_ref.field_path, pod_ip, host_ip or pod_ip)
         elif var.value_from is not None:
             raise ValueError(f"host-process pods do not resolve env {var.name!r} from {var.value_from}")
         else:
@@ -74,49 +114,106 @@ def container_env(pod: Any, container: Any, pod_ip: str) -> dict[str, str]:
     return env
 
 
+def cap_cpus(argv: list[str]) -> list[str]:
+    """``--num-cpus=N`` in a TPU host container's command, at most :data:`MAX_CPUS` (this machine's budget)."""
+    def cap(match: re.Match[str]) -> str:
+        return f"--num-cpus={min(float(match.group(1)), MAX_CPUS):g}"
+
+    return [_NUM_CPUS.sub(cap, arg) for arg in argv]
+
+
 class HostProcessPod:
-    """One pod's first container, running as processes of this machine until :meth:`stop`.
+    """One pod's containers, running as processes of this machine until :meth:`stop`.
 
     :param pod: the pod (kubernetes client model) as bound to its node.
-    :param pod_ip: the node's InternalIP (the pod shares the node's network).
-    :param log_path: where the container's stdout and stderr go.
+    :param node: the node's address, labels and TPU chips.
+    :param log_path: where the containers' stdout and stderr go.
+    :param ray_tmp: the pod's own directory for Ray's files (short: Unix socket paths live under it).
+    :param sandbox: the pod's network namespace; ``None``: the pod shares this machine's network.
     """
 
-    def __init__(self, pod: Any, pod_ip: str, log_path: Path) -> None:
+    def __init__(self, pod: Any, node: NodeFacts, log_path: Path, ray_tmp: Path,
+                 sandbox: PodSandbox | None = None) -> None:
         self.key = f"{pod.metadata.namespace}/{pod.metadata.name}"
         self.uid = pod.metadata.uid
-        self.pod_ip = pod_ip
+        self.sandbox = sandbox
+        self.pod_ip = sandbox.ip if sandbox else node.ip
         self.log_path = log_path
+        self._pod = pod
+        self._node = node
+        self._ray_tmp = ray_tmp
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stopped = False
         container = pod.spec.containers[0]
         self._probe = container.readiness_probe
-        # The marker finds every process of this pod at stop(), daemons included.
-        env = {k: v for k, v in ray_process_env(self.uid).items() if k not in _NOT_INHERITED}
-        env.update(container_env(pod, container, pod_ip))
-        env.update({
-            "RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION": "0.01",  # the container's 8Gi limit is not ours to take
-            "JAX_PLATFORMS": "cpu",
-        })
-        self._env = env
-        argv = [*(container.command or []), *(container.args or [])]
-        with open(log_path, "ab") as log:
-            self._process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True,
-                                             cwd=str(log_path.parent))
+        self._env = self._environment(container)
         self.started = time.monotonic()
 
+    def _environment(self, container: Any) -> dict[str, str]:
+        # The marker finds every process of this pod at stop(), daemons included.
+        env = {k: v for k, v in ray_process_env(self.uid).items() if k not in _NOT_INHERITED}
+        limits = (container.resources.limits if container.resources else None) or {}
+        env.update(container_tpu_env(self._node.labels, self._node.tpu_chips, limits))
+        env.update(container_env(self._pod, container, self.pod_ip, self._node.ip))
+        self._ray_tmp.mkdir(parents=True, exist_ok=True)
+        env.update({
+            "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": str(OBJECT_STORE_BYTES),
+            "RAY_TMPDIR": str(self._ray_tmp),
+            "JAX_PLATFORMS": "cpu",
+        })
+        return env
+
+    def _argv(self, container: Any) -> list[str]:
+        argv = [*(container.command or []), *(container.args or [])]
+        limits = (container.resources.limits if container.resources else None) or {}
+        if str(limits.get("google.com/tpu", "0")) not in ("", "0"):
+            argv = cap_cpus(argv)
+        return self.sandbox.command(argv) if self.sandbox else argv
+
+    def _spawn(self, container: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with open(self.log_path, "ab") as log:
+            log.write(f"=== container {container.name} (pod IP {self.pod_ip})\n".encode())
+            log.flush()
+            return subprocess.Popen(self._argv(container), env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True, cwd=str(self.log_path.parent))
+
+    def run(self, stopping: Any, init_timeout: float = 600.0) -> bool:
+        """Run the init containers to completion, one after the other, then start the first container.
+
+        :param stopping: an Event; set, nothing more is started.
+        :param init_timeout: seconds all init containers may take together.
+        :return: whether the first container was started.
+        """
+        deadline = time.monotonic() + init_timeout
+        for container in self._pod.spec.init_containers or []:
+            env = {**self._env, **container_env(self._pod, container, self.pod_ip, self._node.ip)}
+            process = self._spawn(container, env)
+            self._process = process
+            while process.poll() is None:
+                if stopping.is_set() or self._stopped or time.monotonic() > deadline:
+                    return False
+                stopping.wait(0.5)
+            if process.returncode != 0:
+                return False  # a kubelet would restart it; KubeRay's wait-gcs-ready never exits non-zero
+        if stopping.is_set() or self._stopped:
+            return False
+        self._process = self._spawn(self._pod.spec.containers[0], self._env)
+        return True
+
     def exited(self) -> int | None:
-        return self._process.poll()
+        return self._process.poll() if self._process is not None else None
 
     def ready(self) -> bool:
-        """The container's readiness probe (exec) passes; no probe: the main process is alive."""
-        if self.exited() is not None:
+        """The container's readiness probe (exec, in the pod's network) passes; no probe: it is alive."""
+        if self._process is None or self.exited() is not None:
             return False
         if self._probe is None or self._probe._exec is None:
             return True
         timeout = (self._probe.timeout_seconds or 1) + 5
+        command = list(self._probe._exec.command)
         try:
-            return subprocess.run(self._probe._exec.command, env=self._env, capture_output=True,
-                                  timeout=timeout).returncode == 0
+            return subprocess.run(self.sandbox.command(command) if self.sandbox else command, env=self._env,
+                                  capture_output=True, timeout=timeout).returncode == 0
         except subprocess.TimeoutExpired:
             return False
 
@@ -139,8 +236,18 @@ class HostProcessPod:
             return ""
 
     def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM every process of the pod (its session and its marker), SIGKILL what is left."""
-        processes, _ = cluster_processes(self.uid, self._process.pid, session_is_ours=True)
+        """SIGTERM every process of the pod (its session, its marker, its network namespace), SIGKILL what is left."""
+        import psutil
+
+        self._stopped = True
+        session = self._process.pid if self._process is not None else None
+        processes, _ = cluster_processes(self.uid, session, session_is_ours=True)
+        known = {p.pid for p in processes}
+        for pid in self.sandbox.pids() if self.sandbox else []:
+            if pid not in known:
+                with contextlib.suppress(psutil.Error):
+                    processes.append(psutil.Process(pid))
         kill_processes(processes, grace)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._process.wait(timeout=5)
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=5)

@@ -1,6 +1,7 @@
 """The virtual kubelet: makes the fake GKE nodes of a :class:`~tests.k8s.controlplane.ControlPlane`
 look alive (Leases, pod statuses, pod deletion, node loss), and on a host-process node really runs
-the pod's container (tests/k8s/hostpods.py)."""
+the pod's containers (tests/k8s/hostpods.py), each pod in a network namespace of its own
+(tests/k8s/podnet.py) whose hosts file is the cluster DNS (tests/k8s/clusterdns.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ import datetime as dt
 import ipaddress
 import logging
 import secrets
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.k8s.hostpods import LABEL_HOST_PROCESSES, HostProcessPod
-from tests.k8s.nodes import LABEL_VIRTUAL
+from tests.k8s.clusterdns import dns_records
+from tests.k8s.hostpods import LABEL_HOST_PROCESSES, HostProcessPod, NodeFacts
+from tests.k8s.nodes import LABEL_VIRTUAL, TPU_RESOURCE
+from tests.k8s.podnet import PodNetwork
 from tests.k8s.processes import ControlPlaneError
 
 if TYPE_CHECKING:
@@ -29,7 +35,7 @@ def _now() -> dt.datetime:
 class VirtualKubelet:
     """Pretends to be the kubelet of every node labelled ``raytpu.test/virtual-kubelet``.
 
-    Three daemon threads with their own API clients:
+    Three daemon threads with their own API clients (four with a pod network):
 
     - *pods*: watches pods with ``spec.nodeName`` set. A pod on one of our
       nodes is reported Running + Ready (conditions, container statuses,
@@ -40,6 +46,11 @@ class VirtualKubelet:
       (reason ``NodeShutdown``) and deletes them, like GKE on a preemption.
     - *leases*: renews ``kube-node-lease`` Leases every 10 s so the node
       lifecycle controller keeps the nodes Ready.
+    - *dns*: watches EndpointSlices and keeps the pods' hosts files (their cluster DNS) current.
+
+    A pod on a host-process node gets its own network namespace and IP from ``network`` (when
+    given) and its containers run for real; it is reported Running + Ready, with that IP, once its
+    readiness probe passes.
 
     Watches, not polling: idle cost is one Lease update per node per 10 s.
     """
@@ -47,8 +58,9 @@ class VirtualKubelet:
     LEASE_SECONDS = 40
     RENEW_EVERY = 10.0
 
-    def __init__(self, cp: ControlPlane) -> None:
+    def __init__(self, cp: ControlPlane, network: PodNetwork | None = None) -> None:
         self.cp = cp
+        self.network = network
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._nodes: dict[str, dict[str, Any]] = {}  # name -> {"ip":..., "cidr":..., "next": int}
@@ -56,10 +68,14 @@ class VirtualKubelet:
         self._nodes_synced = threading.Event()
         self._pods_synced = threading.Event()
         self._watches: set = set()
-        self._host_pods: dict[str, HostProcessPod] = {}  # pod uid -> its running container
+        self._host_pods: dict[str, HostProcessPod] = {}  # pod uid -> its running containers
+        self._endpoint_slices: dict[str, dict[str, Any]] = {}  # uid -> EndpointSlice (dict), for the DNS
         self.errors: list[str] = []
         # (action, "ns/name"), newest last, for debugging a test.
         self.events: collections.deque[tuple[str, str]] = collections.deque(maxlen=2000)
+        # Ray's files of each host-process pod, under a short path: Ray's Unix sockets live below it
+        # and their paths may not exceed 107 bytes.
+        self._ray_tmp_root = Path(tempfile.mkdtemp(prefix="rtpu", dir="/tmp"))
         self.log_path = cp.logs_dir / "virtual-kubelet.log"
         self.log = logging.getLogger(f"raytpu.virtual_kubelet.{id(self)}")
         self.log.propagate = False
@@ -74,7 +90,10 @@ class VirtualKubelet:
 
     # ---------------------------------------------------------------- life
     def start(self) -> None:
-        for name, target in (("nodes", self._node_loop), ("pods", self._pod_loop), ("leases", self._lease_loop)):
+        loops = [("nodes", self._node_loop), ("pods", self._pod_loop), ("leases", self._lease_loop)]
+        if self.network is not None:
+            loops.append(("dns", self._dns_loop))
+        for name, target in loops:
             t = threading.Thread(target=self._guard(target), name=f"virtual-kubelet-{name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -95,6 +114,7 @@ class VirtualKubelet:
             t.join(timeout)
         for uid in list(self._host_pods):
             self._stop_host_pod(uid)
+        shutil.rmtree(self._ray_tmp_root, ignore_errors=True)
         if timeout:
             for h in list(self.log.handlers):
                 h.close()
@@ -190,9 +210,12 @@ class VirtualKubelet:
         with self._nodes_lock:
             if node.metadata.name in self._nodes:
                 return None
+            labels = dict(node.metadata.labels or {})
+            chips = int(str((node.status.capacity or {}).get(TPU_RESOURCE, "0")))
             info = self._nodes[node.metadata.name] = {
                 "ip": ip, "cidr": node.spec.pod_cidr or "10.200.0.0/24", "next": 2,
-                "host_processes": (node.metadata.labels or {}).get(LABEL_HOST_PROCESSES) == "true"}
+                "host_processes": labels.get(LABEL_HOST_PROCESSES) == "true",
+                "facts": NodeFacts(ip=ip, labels=labels, tpu_chips=chips)}
         self._record("node-added", node.metadata.name)
         return info
 
@@ -300,28 +323,44 @@ class VirtualKubelet:
         return str(net.network_address + (n % (net.num_addresses - 2) or 1))
 
     def _start_host_pod(self, pod, info: dict[str, Any]) -> None:
-        """Run the pod's container here; a thread reports it Running + Ready once its probe passes."""
+        """Run the pod's containers here (in a network of its own); a thread starts them and reports
+        the pod Running + Ready once its probe passes."""
         uid = pod.metadata.uid
         with self._nodes_lock:
             if uid in self._host_pods:
                 return
-            log_path = self.cp.logs_dir / f"pod-{pod.metadata.namespace}-{pod.metadata.name}.log"
-            host_pod = self._host_pods[uid] = HostProcessPod(pod, info["ip"], log_path)
-        self._record("started host processes", f"{host_pod.key} (log {log_path.name})")
+            self._host_pods[uid] = None  # type: ignore[assignment]  # claimed: being set up
+        log_path = self.cp.logs_dir / f"pod-{pod.metadata.namespace}-{pod.metadata.name}.log"
+        try:
+            sandbox = None
+            if self.network is not None:
+                spec = pod.spec
+                names = ([f"{spec.hostname}.{spec.subdomain}.{pod.metadata.namespace}.svc.cluster.local",
+                          spec.hostname] if spec.hostname and spec.subdomain else [spec.hostname or pod.metadata.name])
+                sandbox = self.network.add_pod(f"{pod.metadata.namespace}/{pod.metadata.name}",
+                                               pod.metadata.namespace, names)
+            host_pod = HostProcessPod(pod, info["facts"], log_path, self._ray_tmp_root / uid[:8], sandbox)
+        except BaseException:
+            with self._nodes_lock:
+                self._host_pods.pop(uid, None)
+            raise
+        with self._nodes_lock:
+            self._host_pods[uid] = host_pod
+        self._record("started host processes", f"{host_pod.key} at {host_pod.pod_ip} (log {log_path.name})")
         threading.Thread(target=self._report_when_ready, args=(pod, info, host_pod),
                          name=f"virtual-kubelet-probe-{pod.metadata.name}", daemon=True).start()
 
     def _report_when_ready(self, pod, info: dict[str, Any], host_pod: HostProcessPod) -> None:
         from kubernetes.client.rest import ApiException
 
-        if not host_pod.wait_ready(timeout=180, stopping=self._stop):
-            if not self._stop.is_set():
+        if not (host_pod.run(self._stop) and host_pod.wait_ready(timeout=300, stopping=self._stop)):
+            if not self._stop.is_set() and self._host_pods.get(host_pod.uid) is host_pod:
                 self.errors.append(f"{host_pod.key} never became ready (exit {host_pod.exited()}): "
                                    f"{host_pod.log_tail()}")
             return
         try:
             self._client().patch_namespaced_pod_status(
-                pod.metadata.name, pod.metadata.namespace, self._running_status(pod, info, pod_ip=info["ip"]),
+                pod.metadata.name, pod.metadata.namespace, self._running_status(pod, info, pod_ip=host_pod.pod_ip),
                 _content_type="application/strategic-merge-patch+json")
             self._record("running (host processes)", f"{host_pod.key} on {pod.spec.node_name}")
         except ApiException as e:
@@ -330,10 +369,33 @@ class VirtualKubelet:
 
     def _stop_host_pod(self, uid: str) -> None:
         with self._nodes_lock:
-            host_pod = self._host_pods.pop(uid, None)
-        if host_pod is not None:
-            host_pod.stop()
-            self._record("stopped host processes", host_pod.key)
+            host_pod = self._host_pods.get(uid)
+            if host_pod is None:
+                return  # not ours, or still being set up (its creator finishes first)
+            del self._host_pods[uid]
+        host_pod.stop()
+        if host_pod.sandbox is not None and self.network is not None:
+            self.network.remove_pod(host_pod.sandbox)
+        self._record("stopped host processes", host_pod.key)
+
+    # ---------------------------------------------------------------- DNS
+    def _dns_loop(self) -> None:
+        """The cluster DNS: EndpointSlices (made by the real controller manager) -> the pods' hosts files."""
+        from kubernetes import client
+
+        api = self.cp.api_client()
+        discovery = client.DiscoveryV1Api(api)
+
+        def on_event(kind: str, endpoint_slice) -> None:
+            uid = endpoint_slice.metadata.uid
+            if kind == "DELETED":
+                self._endpoint_slices.pop(uid, None)
+            else:
+                self._endpoint_slices[uid] = api.sanitize_for_serialization(endpoint_slice)
+            assert self.network is not None
+            self.network.set_records(dns_records(list(self._endpoint_slices.values())))
+
+        self._watch(discovery.list_endpoint_slice_for_all_namespaces, on_event, threading.Event())
 
     def _running_status(self, pod, info: dict[str, Any], pod_ip: str | None = None) -> dict[str, Any]:
         now = _now().isoformat().replace("+00:00", "Z")

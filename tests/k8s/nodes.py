@@ -48,11 +48,15 @@ class GkeNodePools:
 
     :param api_client: makes an admin ``kubernetes.client.ApiClient``.
     :param diagnostics: text to add when nodes do not become schedulable (a component's log tail).
+    :param pods_have_own_network: whether host-process pods get a network namespace each (else
+        they share this machine's address, so one host-process CPU node is all there can be).
     """
 
-    def __init__(self, api_client: Callable[[], Any], diagnostics: Callable[[], str]) -> None:
+    def __init__(self, api_client: Callable[[], Any], diagnostics: Callable[[], str],
+                 pods_have_own_network: Callable[[], bool] = lambda: False) -> None:
         self._api_client = api_client
         self._diagnostics = diagnostics
+        self._pods_have_own_network = pods_have_own_network
         self._lock = threading.Lock()
         self._node_seq = 0
         self._pool_sizes: dict[str, int] = {}
@@ -71,9 +75,10 @@ class GkeNodePools:
         Calling it again with the same ``name`` adds nodes to that pool
         (``gke-<name>-<index>``), e.g. to replace a preempted node.
         With ``wait_ready`` waits until the node lifecycle controller has
-        removed the ``node.kubernetes.io/not-ready`` taint. With ``host_processes``
-        (one CPU node) the node's InternalIP is this machine's address and its pods'
-        containers really run, as processes here (tests/k8s/hostpods.py).
+        removed the ``node.kubernetes.io/not-ready`` taint. With ``host_processes`` the
+        pods' containers really run, as processes here (tests/k8s/hostpods.py), each pod in a
+        network namespace of its own; without pod networks (no CAP_NET_ADMIN) only one CPU
+        node may have it, and its InternalIP is this machine's address, which its pods share.
         """
         from kubernetes import client
 
@@ -87,8 +92,10 @@ class GkeNodePools:
         else:
             num_nodes = cpu_nodes
         assert num_nodes is not None
-        if host_processes and (tpu is not None or num_nodes != 1):
-            raise ValueError("host_processes= is for one CPU node: its pods' ports are this machine's")
+        shared_address = host_processes and not self._pods_have_own_network()
+        if shared_address and (tpu is not None or num_nodes != 1):
+            raise ValueError("without pod networks (CAP_NET_ADMIN), host_processes= is for one CPU node: "
+                             "its pods' ports are this machine's")
 
         base_labels = {
             LABEL_NODEPOOL: name,
@@ -125,7 +132,7 @@ class GkeNodePools:
                     index = self._pool_sizes.get(name, 0)  # adding to a pool again scales it up
                     self._pool_sizes[name] = index + 1
                 node_name = f"gke-{name}-{index}"
-                node_ip = host_address() if host_processes else f"10.128.{seq // 250}.{seq % 250 + 2}"
+                node_ip = host_address() if shared_address else f"10.128.{seq // 250}.{seq % 250 + 2}"
                 node = _node(node_name, seq, node_ip, zone, {**base_labels, "kubernetes.io/hostname": node_name},
                              taints, capacity)
                 core.create_node(node)  # the virtual kubelet sees it and takes its Lease

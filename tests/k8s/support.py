@@ -196,6 +196,17 @@ def wait_no_pods(cp: ControlPlane, namespace: str, timeout: float = 90) -> None:
     wait_for(lambda: not list_pods(cp, namespace), timeout, f"no pod left in {namespace}", interval=0.5)
 
 
+def host_pod_addresses(cp: ControlPlane, namespace: str) -> dict[str, str]:
+    """``pod name -> IP`` of every pod in ``namespace`` whose containers the virtual kubelet ran here."""
+    assert cp.kubelet is not None
+    found = {}
+    for action, what in cp.kubelet.events:
+        if action == "started host processes" and what.startswith(f"{namespace}/"):
+            key, _, rest = what.partition(" at ")
+            found[key.split("/", 1)[1]] = rest.split(" ", 1)[0]
+    return found
+
+
 def force_delete_clusters(cp: ControlPlane, namespace: str) -> None:
     """Cleanup with the admin identity (a test that failed half-way)."""
     for rc in rayclusters(cp, namespace):

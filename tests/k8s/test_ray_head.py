@@ -21,8 +21,7 @@ from airflow_provider_raytpu.backends.local.process import port_open
 from airflow_provider_raytpu.manifests.raycluster import DASHBOARD_PORT
 from tests.airflow_runner import run_dag
 from tests.k8s.controlplane import ControlPlane
-from tests.k8s.hostpods import host_address
-from tests.k8s.support import Connections, NodePools, documented_role, states, wait_no_pods
+from tests.k8s.support import Connections, NodePools, documented_role, host_pod_addresses, states, wait_no_pods
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(600)]
 
@@ -99,7 +98,8 @@ def test_a_job_through_the_service_proxy_reaches_the_real_head(
     assert proxied.get("CONNECT", 0) >= 4, proxied  # package check, submit, status polls, logs
     wait_no_pods(cp, namespace)
     # Deleting the cluster stopped the head's processes: nothing serves the dashboard any more.
-    assert not port_open(DASHBOARD_PORT, host=host_address())
+    (head_ip,) = host_pod_addresses(cp, namespace).values()
+    assert not port_open(DASHBOARD_PORT, host=head_ip)
 
 
 SERVICE_DAG = """
@@ -142,4 +142,5 @@ def test_a_rayservice_is_running_through_the_real_operator(
     assert running["smoke"]["status"] == 200 and running["smoke"]["json"]["version"] == "v1"
     assert len(running["smoke"]["json"]["predictions"]) == 1
     wait_no_pods(cp, namespace)
-    assert not port_open(DASHBOARD_PORT, host=host_address())
+    (head_ip,) = host_pod_addresses(cp, namespace).values()  # the service's one cluster's head
+    assert not port_open(DASHBOARD_PORT, host=head_ip)

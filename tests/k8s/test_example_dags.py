@@ -1,0 +1,393 @@
+"""The example DAGs on the real operator, unchanged but for the connection, with a real Ray process behind every pod.
+
+``nightly_embeddings`` and ``nightly_finetune`` (example_dags/) run with ``dag.test()`` against the
+session's control plane through a ``raytpu`` connection of backend ``kubernetes``, and the demo's fake
+GCS. Every pod the real KubeRay operator makes runs here for real, in a network namespace of its own
+(tests/k8s/podnet.py): the head's ``ray start --head``, and on every TPU host a raylet that waits for
+the head's GCS (KubeRay's ``wait-gcs-ready`` init container) and joins it through the head Service's
+name, with the TPU environment GKE's device plugin and TPU webhook give (tests/k8s/tpuenv.py,
+tests/k8s/tpuwebhook.py). Ray's own TPU detection makes the ``TPU`` resource (KubeRay renders it from
+``google.com/tpu``), the slice labels and the ``TPU-v4-16-head`` resource from that environment. JAX
+runs on the CPU.
+
+In file order, on one namespace:
+
+1. ``nightly_embeddings`` on a spot v4 2x2x2 slice (2 hosts): one embedding actor per TPU host,
+   parquet in GCS, the cluster deleted as a teardown, no pod left.
+2. ``nightly_finetune``, first run: v4 2x2x2 slice, preprocess, train 30 steps with orbax checkpoints
+   in GCS, the RayService (a v6e 2x2 host) made and serving that checkpoint (v1); the training
+   cluster is torn down. This run is the reference for the next one.
+3. ``nightly_finetune``, second run: once a checkpoint at step 10 or later is committed, the Node of
+   TPU host 1 is deleted (a preemption), and a replacement node joins its pool; KubeRay recreates the
+   slice, the raylets rejoin, Ray Train resumes from the newest checkpoint and ends on the reference's
+   loss within 1e-6. Then the RayService is promoted to the new checkpoint (v2) through KubeRay's
+   NewCluster upgrade (a second real serving cluster) while a request loop goes through the API
+   server's service proxy: no request fails and the answers switch from v1 to v2, once.
+4. Deleting the RayService leaves no pod, and no pod network behind.
+
+Needs pod networks (CAP_NET_ADMIN): without, the module skips (single-head mode, test_ray_head.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from example_dags.demo.fake_gcs import FakeGcsServer
+from tests.airflow_runner import TaskOutcome, ensure_airflow_db, load_dag, outcomes
+from tests.k8s.controlplane import ControlPlane
+from tests.k8s.support import (
+    HOST_INDEX,
+    Connections,
+    NodePools,
+    force_delete_clusters,
+    list_pods,
+    pod_ready,
+    states,
+    suffix,
+    wait_for,
+    wait_no_pods,
+)
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(1800)]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "example_dags"
+V4, V6E = "tpu-v4-podslice", "tpu-v6e-slice"
+BUCKET = "raytpu-demo"
+ROWS = 600
+SERVICE = "finetuned-regressor"  # the service nightly_finetune promotes
+INPUTS = {"inputs": [[0.5, -0.2, 0.1, 0.3, 0.0, 0.2, -0.1, 0.4]]}
+TOLERANCE = 1e-6
+
+
+@dataclass
+class Pools:
+    heads: str
+    v4_spot: str
+    v4: str
+    v6e: str
+
+
+@pytest.fixture(scope="module")
+def cp(k8s_control_plane: ControlPlane) -> ControlPlane:
+    """The control plane, when its pods can have networks of their own (else the module skips)."""
+    if k8s_control_plane.pod_network is None:
+        pytest.skip(f"pods cannot get a network of their own ({k8s_control_plane.pod_network_problem}), so "
+                    "only one real Ray pod can run at a time: single-head mode (test_ray_head.py)")
+    return k8s_control_plane
+
+
+@pytest.fixture(scope="module")
+def pools(cp: ControlPlane, module_node_pools: NodePools) -> Pools:
+    """Host-process node pools: one CPU node for the heads (room for three), a spot and an on-demand
+    v4 2x2x2 slice, and two v6e 2x2 hosts (serving clusters v1 and v2 side by side)."""
+    return Pools(
+        heads=module_node_pools.add("heads", cpu_nodes=1, host_processes=True).name,
+        v4_spot=module_node_pools.add("v4-spot", tpu=V4, topology="2x2x2", spot=True, host_processes=True).name,
+        v4=module_node_pools.add("v4", tpu=V4, topology="2x2x2", host_processes=True).name,
+        v6e=module_node_pools.add("v6e", tpu=V6E, topology="2x2", num_nodes=2, host_processes=True).name,
+    )
+
+
+@pytest.fixture(scope="module")
+def gcs(cp: ControlPlane) -> Iterator[FakeGcsServer]:
+    """The demo's fake GCS on the pod network's gateway (pods reach it there), with the raw data."""
+    assert cp.pod_network is not None
+    patch = pytest.MonkeyPatch()
+    with FakeGcsServer(host=cp.pod_network.gateway) as server:
+        server.create_bucket(BUCKET)
+        for key, value in server.env().items():  # this process, and every pod started from now on
+            patch.setenv(key, value)
+        sys.path.insert(0, str(EXAMPLES))
+        from pipeline.data import write_dataset
+
+        write_dataset(f"gs://{BUCKET}/raw/rows.jsonl", ROWS, seed=7)
+        yield server
+        patch.undo()
+
+
+@pytest.fixture(scope="module")
+def namespace(cp: ControlPlane) -> Iterator[str]:
+    """One namespace for the module (the RayService lives from the first finetune run to the last test),
+    with GKE's TPU webhook; ``raytpu_default`` -> it, as admin. What a failed test left is deleted after."""
+    ns = cp.create_namespace(f"example-dags-{suffix()}", tpu_webhook=True)
+    patch = pytest.MonkeyPatch()
+    Connections(cp, ns, patch).as_admin()
+    yield ns
+    with contextlib.suppress(Exception):
+        for service in cp_json(cp, f"/apis/ray.io/v1/namespaces/{ns}/rayservices")["items"]:
+            cp.request("DELETE", f"/apis/ray.io/v1/namespaces/{ns}/rayservices/{service['metadata']['name']}")
+        force_delete_clusters(cp, ns)
+    patch.undo()
+
+
+def cp_json(cp: ControlPlane, path: str) -> dict[str, Any]:
+    status, body = cp.request("GET", path, timeout=30)
+    assert status == 200, (path, status, body[:500])
+    return json.loads(body)
+
+
+def conf(gcs: FakeGcsServer, **more: Any) -> dict[str, Any]:
+    """``make demo``'s params (v4 2x2x2 to train, v6e 2x2 to serve), storage in the fake GCS."""
+    from example_dags.demo.run import CONF
+
+    return {**CONF, "storage": f"gs://{BUCKET}", **more}
+
+
+def run_example(dag_id: str, run_conf: dict[str, Any], day: int) -> dict[str, TaskOutcome]:
+    """``dag.test()`` of the example DAG file as it is, for logical date 2026-12-<day>."""
+    ensure_airflow_db()
+    dag = load_dag(EXAMPLES / f"{dag_id}.py", dag_id)
+    return outcomes(dag.test(run_conf=run_conf, logical_date=datetime(2026, 12, day, tzinfo=timezone.utc)))
+
+
+def cluster_pods(cp: ControlPlane, namespace: str, cluster: str) -> list[dict[str, Any]]:
+    return list_pods(cp, namespace, f"ray.io/cluster={cluster}")
+
+
+def ran_for_real(cp: ControlPlane, namespace: str, cluster: str) -> set[str]:
+    """The pods of ``cluster`` whose containers the virtual kubelet ran here and reported Ready."""
+    assert cp.kubelet is not None
+    return {what.split(" on ")[0] for action, what in cp.kubelet.events
+            if action == "running (host processes)" and what.startswith(f"{namespace}/{cluster}-")}
+
+
+def ray_nodes(cp: ControlPlane, namespace: str, cluster: str) -> list[dict[str, Any]]:
+    """The cluster's alive Ray nodes, from Ray's state API through the API server's service proxy."""
+    status, body = cp.request(
+        "GET", f"/api/v1/namespaces/{namespace}/services/{cluster}-head-svc:dashboard/proxy/api/v0/nodes"
+        "?detail=true&limit=100", timeout=60)
+    assert status == 200, body[:500]
+    return [n for n in json.loads(body)["data"]["result"]["result"] if n["state"] == "ALIVE"]
+
+
+def committed_steps(gcs: FakeGcsServer, run_prefix: str) -> list[int]:
+    """The orbax steps committed under ``checkpoints/<run>/orbax/``."""
+    steps = set()
+    for name in gcs.list_objects(BUCKET, run_prefix):
+        step = name.split("/orbax/", 1)[-1].split("/")[0] if "/orbax/" in name else ""
+        if step.isdigit() and name.endswith("commit_success.txt"):
+            steps.add(int(step))
+    return sorted(steps)
+
+
+# -- 1. nightly_embeddings ----------------------------------------------------------------------
+
+
+def test_nightly_embeddings_on_a_spot_slice_with_a_raylet_per_host(
+        cp: ControlPlane, pools: Pools, gcs: FakeGcsServer, namespace: str) -> None:
+    outcome = run_example("nightly_embeddings", conf(gcs, spot="true"), day=1)
+
+    assert set(states(outcome).values()) == {"success"}, outcome
+    cluster = outcome["create_cluster"].result["cluster_name"]
+    embed = outcome["embed"].result
+    assert (embed["rows_in"], embed["rows_out"]) == (ROWS, ROWS)
+    assert embed["output_uri"] == f"gs://{BUCKET}/embeddings/2026-12-01"
+    assert any(n.endswith(".parquet") for n in gcs.list_objects(BUCKET, "embeddings/2026-12-01/"))
+    # The head and both TPU hosts ran here and became Ready; their nodes are the spot pool's.
+    assert len(ran_for_real(cp, namespace, cluster)) == 3
+    wait_for(lambda: not cluster_pods(cp, namespace, cluster), 120, f"no pod of {cluster} left")
+
+
+# -- 2. nightly_finetune, first run: the reference, and the service's v1 ------------------------
+
+
+@pytest.fixture(scope="module")
+def first_run(cp: ControlPlane, pools: Pools, gcs: FakeGcsServer, namespace: str) -> dict[str, TaskOutcome]:
+    return run_example("nightly_finetune", conf(gcs), day=2)
+
+
+def test_nightly_finetune_trains_checkpoints_and_serves_it(
+        cp: ControlPlane, first_run: dict[str, TaskOutcome], gcs: FakeGcsServer, namespace: str) -> None:
+    assert set(states(first_run).values()) == {"success"}, first_run
+    train = first_run["train"].result
+    assert train["steps"] == 30 and train["resumed_from_step"] is None
+    assert train["metrics"]["eval_rows"] == ROWS
+    assert train["checkpoint_uri"].startswith(f"gs://{BUCKET}/checkpoints/{train['run_name']}/")
+    assert committed_steps(gcs, f"checkpoints/{train['run_name']}/")[-1] == 30
+    serving = first_run["wait_serving"].result
+    assert (serving["phase"], serving["active_version"]) == ("RUNNING", train["checkpoint_uri"])
+    assert serving["smoke"]["status"] == 200 and serving["smoke"]["json"]["version"] == train["checkpoint_uri"]
+    cluster = first_run["create_cluster"].result["cluster_name"]
+    assert len(ran_for_real(cp, namespace, cluster)) == 3
+    wait_for(lambda: not cluster_pods(cp, namespace, cluster), 120, f"no pod of {cluster} left")
+
+
+# -- 3. nightly_finetune, second run: a preempted host, then promotion under load -----------------
+
+
+@dataclass
+class Preemption:
+    """A test thread: deletes TPU host 1's Node once the run's checkpoint at step >= 10 is committed,
+    adds a replacement node to the pool, and records Ray's node list before and after."""
+
+    cp: ControlPlane
+    namespace: str
+    gcs: FakeGcsServer
+    pool: str
+    reference_run: str
+    checkpointed: int = -1
+    cluster: str = ""
+    deleted_node: str = ""
+    nodes_before: list[dict[str, Any]] = field(default_factory=list)
+    nodes_after: list[dict[str, Any]] = field(default_factory=list)
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as error:  # surfaced by the test
+            self.error = error
+
+    def _training_run(self) -> str | None:
+        runs = {n.split("/")[1] for n in self.gcs.list_objects(BUCKET, "checkpoints/") if "/orbax/" in n}
+        runs.discard(self.reference_run)
+        return next(iter(runs), None)
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 1200
+        while time.monotonic() < deadline:
+            run = self._training_run()
+            if run and committed_steps(self.gcs, f"checkpoints/{run}/") and \
+                    committed_steps(self.gcs, f"checkpoints/{run}/")[-1] >= 10:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the second run never committed a checkpoint at step 10")
+        self.checkpointed = committed_steps(self.gcs, f"checkpoints/{run}/")[-1]
+        workers = [p for p in list_pods(self.cp, self.namespace, "ray.io/node-type=worker")
+                   if p["metadata"]["labels"].get("ray.io/group") == "tpu-slices"
+                   and p["spec"]["nodeSelector"].get("cloud.google.com/gke-tpu-accelerator") == V4]
+        self.cluster = workers[0]["metadata"]["labels"]["ray.io/cluster"]
+        self.nodes_before = ray_nodes(self.cp, self.namespace, self.cluster)
+        old = {p["metadata"]["uid"] for p in workers}
+        host_1 = next(p for p in workers if p["metadata"]["labels"][HOST_INDEX] == "1")
+        self.deleted_node = host_1["spec"]["nodeName"]
+        self.cp.delete_node(self.deleted_node)  # a preemption: the virtual kubelet fails its pods
+        self.cp.add_node_pool(self.pool, tpu=V4, topology="2x2x2", num_nodes=1, host_processes=True)
+
+        def recreated() -> bool:
+            pods = [p for p in cluster_pods(self.cp, self.namespace, self.cluster)
+                    if p["metadata"]["labels"].get("ray.io/node-type") == "worker"]
+            return len(pods) == 2 and all(pod_ready(p) and p["metadata"]["uid"] not in old for p in pods)
+
+        wait_for(recreated, 600, "the slice recreated by KubeRay, both hosts Ready", interval=1)
+        self.nodes_after = wait_for(lambda: (n := ray_nodes(self.cp, self.namespace, self.cluster)) and len(n) == 3
+                                    and n, 300, "the recreated raylets in Ray's node list", interval=1)
+
+
+class RequestLoop:
+    """Requests to the Serve service through the API server's service proxy, one every 0.25 s, until stopped."""
+
+    def __init__(self, send: Callable[[], Any]) -> None:
+        self._send = send
+        self.versions: list[str] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="request-loop", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                answer = self._send()
+                if answer.status == 200:
+                    self.versions.append(answer.json()["version"])
+                else:
+                    self.failures.append(f"{answer.status}: {answer.text(300)}")
+            except Exception as error:  # every failed request counts
+                self.failures.append(repr(error))
+            self._stop.wait(0.25)
+
+    def __enter__(self) -> RequestLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def test_preempted_host_resumes_and_promotion_to_v2_fails_no_request(
+        cp: ControlPlane, pools: Pools, first_run: dict[str, TaskOutcome], gcs: FakeGcsServer,
+        namespace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
+
+    reference = first_run["train"].result
+    v1 = reference["checkpoint_uri"]
+    serve = RayTpuHook().backend.services.serve_endpoint(SERVICE, namespace)
+    preemption = Preemption(cp, namespace, gcs, pools.v4, reference["run_name"])
+    fault = threading.Thread(target=preemption.run, name="preemption", daemon=True)
+    fault.start()
+    with RequestLoop(lambda: serve.request("POST", "/", json=INPUTS, timeout=30)) as requests:
+        second = run_example("nightly_finetune", conf(gcs), day=3)
+        time.sleep(2)  # a few more answers after the sensor saw v2 serving
+    fault.join(60)
+    if preemption.error is not None:
+        raise preemption.error
+
+    assert set(states(second).values()) == {"success"}, second
+    train = second["train"].result
+    v2 = train["checkpoint_uri"]
+    with capsys.disabled():
+        print(f"\n[preemption] node {preemption.deleted_node} deleted with step {preemption.checkpointed} committed; "
+              f"resumed from step {train['resumed_from_step']}; train try {second['train'].try_number}\n"
+              f"[promotion] {len(requests.versions) + len(requests.failures)} requests through the API server's "
+              f"service proxy, {len(requests.failures)} failed; "
+              f"{requests.versions.count(v1)} answered v1, {requests.versions.count(v2)} answered v2")
+
+    # The preempted slice: KubeRay recreated both hosts, Ray's TPU detection named them as before.
+    def tpu_hosts(nodes: list[dict[str, Any]]) -> list[tuple[str, str, float, float, str]]:
+        return sorted((n["labels"]["ray.io/tpu-slice-name"], n["labels"]["ray.io/tpu-worker-id"],
+                       n["resources_total"].get("TPU"), n["resources_total"].get("TPU-v4-16-head", 0.0),
+                       n["labels"]["ray.io/tpu-pod-type"]) for n in nodes if "TPU" in n["resources_total"])
+
+    expected = [("tpu-slices-0", "0", 4.0, 1.0, "v4-16"), ("tpu-slices-0", "1", 4.0, 0.0, "v4-16")]
+    assert tpu_hosts(preemption.nodes_before) == expected
+    assert tpu_hosts(preemption.nodes_after) == expected
+    for nodes in (preemption.nodes_before, preemption.nodes_after):
+        assert len({n["node_ip"] for n in nodes}) == 3, "every pod its own address"
+        for node in nodes:
+            if "TPU" in node["resources_total"]:
+                assert node["labels"]["ray.io/tpu-topology"] == "2x2x2"
+                assert node["resources_total"]["accelerator_type:TPU-V4"] == 1.0
+                assert node["resources_total"]["tpu-slices-0"] == 1.0
+    assert {n["node_id"] for n in preemption.nodes_after if "TPU" in n["resources_total"]}.isdisjoint(
+        n["node_id"] for n in preemption.nodes_before)
+    # Training resumed from the newest checkpoint and ended where the uninterrupted run did.
+    assert train["steps"] == 30
+    assert train["resumed_from_step"] is not None and train["resumed_from_step"] >= preemption.checkpointed >= 10
+    for metric in ("loss", "holdout_loss", "eval_loss"):
+        assert abs(train["metrics"][metric] - reference["metrics"][metric]) <= TOLERANCE, metric
+    # Promotion v1 -> v2 through a second serving cluster, under load: nothing failed, one switch.
+    serving = second["wait_serving"].result
+    assert (serving["phase"], serving["active_version"]) == ("RUNNING", v2)
+    assert serving["active_cluster"] != first_run["wait_serving"].result["active_cluster"]
+    assert requests.failures == []
+    assert requests.versions[0] == v1 and requests.versions[-1] == v2
+    switched = requests.versions.index(v2)
+    assert set(requests.versions[switched:]) == {v2}, "once v2 answers, v1 never answers again"
+    cluster = second["create_cluster"].result["cluster_name"]
+    wait_for(lambda: not cluster_pods(cp, namespace, cluster), 120, f"no pod of {cluster} left")
+
+
+# -- 4. the end ----------------------------------------------------------------------------------
+
+
+def test_deleting_the_service_leaves_no_pod_and_no_pod_network(cp: ControlPlane, first_run: dict[str, TaskOutcome],
+                                                              namespace: str) -> None:
+    from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
+
+    RayTpuHook().backend.services.delete_service(SERVICE, namespace)
+    wait_no_pods(cp, namespace, timeout=180)
+    assert cp.pod_network is not None
+    wait_for(lambda: not cp.pod_network.namespaces(), 60, "every pod network namespace removed")
