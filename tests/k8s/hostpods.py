@@ -18,7 +18,8 @@ CAP_NET_ADMIN) the pod shares this machine's address, so only one such pod runs 
 What this machine's budget changes in a pod: a TPU host's raylet gets at most 1 CPU (``--num-cpus``,
 which KubeRay takes from the container's CPU limit, a TPU machine type's vCPUs, is capped in the
 container's command; a head keeps what KubeRay gives it), every raylet a 150 MiB object store,
-Ray's files go to a directory of the pod's own (``RAY_TMPDIR``), and JAX runs on the CPU.
+Ray's files go to a directory of the pod's own (``RAY_TMPDIR``; a worker's ``ray start`` gets it as
+``--temp-dir``, else it would share the head's), and JAX runs on the CPU.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ _NOT_INHERITED = ("AIRFLOW_HOME", "PYTEST_CURRENT_TEST")
 _FIELD_PATH = re.compile(r"metadata\.(labels|annotations)\['([^']+)'\]")
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 _NUM_CPUS = re.compile(r"--num-cpus[= ]['\"]?([0-9.]+)['\"]?")
+_RAY_START = re.compile(r"\bray start\b")
 
 
 def host_address() -> str:
@@ -122,6 +124,21 @@ def cap_cpus(argv: list[str]) -> list[str]:
     return [_NUM_CPUS.sub(cap, arg) for arg in argv]
 
 
+def own_temp_dir(argv: list[str], temp_dir: Path) -> list[str]:
+    """A worker's ``ray start`` given ``--temp-dir``: the pod's own directory, as its own filesystem would be.
+
+    Without it a worker node takes the head's temp dir (Ray's ``Node._init_temp``), which on one machine is
+    the same directory for every pod: Ray numbers the sockets of each raylet joining it, and two raylets
+    starting at once pick the same number (measured: two recreated TPU hosts both bound ``plasma_store.3``).
+    """
+    def own(arg: str) -> str:
+        if "--head" in arg or "--temp-dir" in arg:
+            return arg
+        return _RAY_START.sub(f"ray start --temp-dir={temp_dir}", arg)
+
+    return [own(arg) for arg in argv]
+
+
 class HostProcessPod:
     """One pod's containers, running as processes of this machine until :meth:`stop`.
 
@@ -168,6 +185,7 @@ class HostProcessPod:
         limits = (container.resources.limits if container.resources else None) or {}
         if str(limits.get("google.com/tpu", "0")) not in ("", "0"):
             argv = cap_cpus(argv)
+        argv = own_temp_dir(argv, self._ray_tmp)
         return self.sandbox.command(argv) if self.sandbox else argv
 
     def _spawn(self, container: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:

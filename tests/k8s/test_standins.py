@@ -7,12 +7,13 @@ EndpointSlices, and the kubelet's ``$(VAR)`` expansion.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.k8s.clusterdns import dns_records
-from tests.k8s.hostpods import cap_cpus, expand
+from tests.k8s.hostpods import cap_cpus, expand, own_temp_dir
 from tests.k8s.tpuenv import accelerator_generation, device_plugin_env
 from tests.k8s.tpuwebhook import check_name, legacy_indices, pod_patches
 
@@ -153,3 +154,14 @@ def test_kubelet_expansion_and_the_cpu_cap() -> None:
     assert cap_cpus(["ray start  --num-cpus=240  --resources='{\"TPU\":4}'"]) == [
         "ray start  --num-cpus=1  --resources='{\"TPU\":4}'"]
     assert cap_cpus(["ray start --num-cpus=0"]) == ["ray start --num-cpus=0"]
+
+
+def test_a_worker_keeps_its_ray_files_in_its_own_directory() -> None:
+    pod_tmp = Path("/tmp/rtpu/ab12")
+    worker = "ulimit -n 65536; ray start  --address=rc-head-svc.ns.svc.cluster.local:6379  --block"
+    assert own_temp_dir(["/bin/bash", "-lc", worker], pod_tmp) == ["/bin/bash", "-lc", worker.replace(
+        "ray start ", "ray start --temp-dir=/tmp/rtpu/ab12 ")]
+    head = "ulimit -n 65536; ray start --head --block"  # a head's own temp dir comes from RAY_TMPDIR
+    assert own_temp_dir(["/bin/bash", "-lc", head], pod_tmp) == ["/bin/bash", "-lc", head]
+    assert own_temp_dir(["ray", "health-check", "--address=rc-head-svc:6379"], pod_tmp) == [
+        "ray", "health-check", "--address=rc-head-svc:6379"]
