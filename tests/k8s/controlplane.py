@@ -105,7 +105,7 @@ class ControlPlane:
     def __init__(self, *, bin_dir: Path | None = None, workdir: Path | None = None,
                  crd_dir: Path | None = None, keep_workdir: bool | None = None,
                  operator_args: list[str] | None = None,
-                 kubelet: bool = True, pod_network: bool = True) -> None:
+                 kubelet: bool = True, pod_network: bool | None = None) -> None:
         self.bin_dir = Path(bin_dir) if bin_dir else find_bin_dir()
         self.crd_dir = Path(crd_dir) if crd_dir else self.bin_dir.parent / "crds"
         self._own_workdir = workdir is None
@@ -120,9 +120,11 @@ class ControlPlane:
         self.components: dict[str, Component] = {}
         self.timings: dict[str, float] = {}
         self.kubelet: VirtualKubelet | None = None
+        if pod_network is None:  # RAYTPU_K8S_POD_NETWORK=0 tries the single-head fallback
+            pod_network = os.environ.get("RAYTPU_K8S_POD_NETWORK", "1") != "0"
         self._want_pod_network = pod_network and kubelet
         self.pod_network: PodNetwork | None = None
-        self.pod_network_problem = "" if self._want_pod_network else "not asked for"
+        self.pod_network_problem = "" if self._want_pod_network else "pod networks turned off"
         self.tpu_webhook: TpuWebhook | None = None
         self._stopped = False
         self._lock = threading.Lock()
