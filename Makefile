@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: install demo test docs test-unit test-kube test-k8s test-ray k8s-binaries bench constraints clean
+.PHONY: install demo test test-full docs test-unit test-kube test-k8s test-ray k8s-binaries bench constraints clean
 
 install: $(STAMP)
 
@@ -24,6 +24,11 @@ demo: install
 	$(PY) example_dags/demo/run.py
 
 test: install k8s-binaries docs test-unit test-kube test-k8s test-ray
+
+# `make test` and what it leaves out for CI's budget: nightly_embeddings on the real operator
+# (tests/k8s/test_example_dags.py, about 3.5 min more).
+test-full: export RAYTPU_K8S_FULL := 1
+test-full: test
 
 docs: install
 	$(VENV)/bin/mkdocs build --strict --quiet -d build/site
