@@ -5,12 +5,17 @@ Every backend hands out an :class:`HttpTransport` (``ClusterBackend.dashboard``,
 RayService sensor's smoke request all go through it and never learn which backend, or which
 way to the endpoint (an explicit URL, in-cluster DNS, this machine, the Kubernetes API
 server's service proxy), is behind it. Constructing a transport does no I/O.
+
+Async requests share one HTTP session per endpoint for every trigger of an event loop (the
+Kubernetes API server's own client, for the service proxy); sync requests make their own.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
+import importlib
 import json as jsonlib
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
@@ -89,6 +94,11 @@ class HttpTransport(abc.ABC):
                        headers: Mapping[str, str] | None = None, timeout: float | None = 30.0) -> HttpAnswer:
         """:meth:`request` without blocking the event loop."""
 
+    @abc.abstractmethod
+    def websocket(self, path: str) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientWebSocketResponse]:
+        """A WebSocket to ``path`` (e.g. Ray's job log tail); raises aiohttp's ``WSServerHandshakeError``
+        when the endpoint (or a proxy on the way) answers without upgrading."""
+
     def job_client(self) -> JobSubmissionClient:
         """Ray's ``JobSubmissionClient`` (it also uploads ``py_modules`` and ``working_dir``), talking through this transport."""
         return _transport_job_client_class()(self)
@@ -120,11 +130,8 @@ class DirectTransport(HttpTransport):
 
     @contextlib.asynccontextmanager
     async def asession(self) -> AsyncIterator[aiohttp.ClientSession]:
-        """The ``aiohttp`` session an async request uses (one per request here)."""
-        import aiohttp
-
-        async with aiohttp.ClientSession() as session:
-            yield session
+        """The ``aiohttp`` session of this endpoint, shared on the event loop (closed with it)."""
+        yield await shared_session(self._url)
 
     def request(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
                 headers: Mapping[str, str] | None = None, timeout: float | None = 30.0) -> HttpAnswer:
@@ -135,12 +142,37 @@ class DirectTransport(HttpTransport):
 
     async def arequest(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
                        headers: Mapping[str, str] | None = None, timeout: float | None = 30.0) -> HttpAnswer:
-        import aiohttp
-
         async with self.asession() as session:
             async with session.request(method, self._join(path), json=json, data=data, headers=dict(headers or {}),
-                                       timeout=aiohttp.ClientTimeout(total=timeout)) as answer:
+                                       timeout=_aiohttp().ClientTimeout(total=timeout)) as answer:
                 return HttpAnswer(answer.status, await answer.read())
+
+    @contextlib.asynccontextmanager
+    async def websocket(self, path: str) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+        async with self.asession() as session:
+            async with session.ws_connect(self._join(path), max_msg_size=0) as ws:
+                yield ws
+
+
+def _aiohttp() -> Any:
+    import aiohttp
+
+    return aiohttp
+
+
+async def shared_session(url: str) -> aiohttp.ClientSession:
+    """The running event loop's ``aiohttp`` session for the endpoint at ``url`` (aiohttp is imported,
+    and its default SSL contexts built, in a worker thread the first time)."""
+    from airflow_provider_raytpu.backends.loop_shared import loop_shared
+
+    async def make() -> aiohttp.ClientSession:
+        aiohttp = await asyncio.to_thread(importlib.import_module, "aiohttp")
+        return aiohttp.ClientSession()
+
+    async def close(session: aiohttp.ClientSession) -> None:
+        await session.close()
+
+    return await loop_shared().get(("http-session", url), make, close)
 
 
 @cache

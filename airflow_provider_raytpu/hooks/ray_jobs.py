@@ -5,7 +5,9 @@ cluster's dashboard (:meth:`~airflow_provider_raytpu.backends.base.ClusterBacken
 on Kubernetes by default the API server's service proxy with the Kubernetes client's own
 authentication), so this hook does not know which backend it talks to. Sync calls use
 Ray's own ``JobSubmissionClient`` (it also uploads ``py_modules`` and ``working_dir``
-packages) on that transport; the triggers' async calls use the transport directly.
+packages) on that transport; the triggers' async calls use the transport directly: a job's
+status from its cluster's shared :class:`~airflow_provider_raytpu.hooks.job_board.JobBoard`,
+its log from Ray's streaming tail (:class:`~airflow_provider_raytpu.hooks.log_tail.LogTail`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
+from airflow_provider_raytpu.hooks.job_board import DashboardError, JobBoard, job_board
+from airflow_provider_raytpu.hooks.log_tail import LogTail
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 
 if TYPE_CHECKING:
@@ -71,8 +75,7 @@ class JobIdentity:
         }
 
 
-class DashboardError(Exception):
-    """The Ray dashboard answered a Jobs API request with an error status."""
+__all__ = ["ACTIVE", "TERMINAL", "DashboardError", "JobIdentity", "RayJobsHook"]
 
 
 class RayJobsHook(BaseHook):
@@ -175,21 +178,32 @@ class RayJobsHook(BaseHook):
 
     # -- async (triggers) -------------------------------------------------------------------
 
-    async def _abackend(self) -> ClusterBackend:
-        if "_async_backend" not in self.__dict__:
-            self.__dict__["_async_backend"] = await self.cluster_hook.abackend()
-        return self.__dict__["_async_backend"]
+    async def _abackend(self) -> tuple[ClusterBackend, str]:
+        backend = await self.cluster_hook.abackend()
+        return backend, self._namespace or backend.settings.namespace
+
+    async def adashboard(self) -> HttpTransport:
+        """The cluster's dashboard, looked up anew (a local cluster whose head failed to start moves to fresh ports)."""
+        backend, namespace = await self._abackend()
+        return await asyncio.to_thread(backend.dashboard, self.cluster_name, namespace)
 
     async def _arequest(self, method: str, endpoint: str) -> Any:
-        backend = await self._abackend()
-        namespace = self._namespace or backend.settings.namespace
-        # Read each time: a local cluster whose head failed to start moves to fresh ports.
-        dashboard = await asyncio.to_thread(backend.dashboard, self.cluster_name, namespace)
+        dashboard = await self.adashboard()
         answer = await dashboard.arequest(method, endpoint, headers={"Accept": "application/json"})
         if not answer.ok:
+            _, namespace = await self._abackend()
             raise DashboardError(f"{method} {endpoint} on the dashboard of RayCluster {namespace}/{self.cluster_name} "
                                  f"answered {answer.status}: {answer.text(500)}")
         return answer.json()
+
+    async def ajob_board(self) -> JobBoard:
+        """The event loop's shared job list of this cluster."""
+        _, namespace = await self._abackend()
+        return await job_board((self.raytpu_conn_id, namespace, self.cluster_name), self.adashboard)
+
+    def log_tail(self, submission_id: str, offset: int, wake: asyncio.Event, interval: float) -> LogTail:
+        """Follow a job's log from ``offset`` characters on (an async context manager)."""
+        return LogTail(self.adashboard, submission_id, offset, wake, interval)
 
     async def astatus(self, submission_id: str) -> tuple[str, str]:
         info = await self._arequest("GET", f"/api/jobs/{submission_id}")

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow_provider_raytpu.backends.loop_shared import loop_shared
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID, HOW_TO_CONNECT, ConnectionSettings
 from airflow_provider_raytpu.errors import FatalError
 
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.base import ClusterBackend
+
+
+#: How long the triggers of one event loop use a connection they read before reading it again.
+SETTINGS_MAX_AGE_SECONDS = 300.0
+
+
+def _backend_for(settings: ConnectionSettings) -> ClusterBackend:
+    from airflow_provider_raytpu.backends.base import backend_for
+
+    return backend_for(settings)
 
 
 class ConnectionNotFoundError(FatalError):
@@ -66,9 +78,17 @@ class RayTpuHook(BaseHook):
         return backend_for(self.settings)
 
     async def abackend(self) -> ClusterBackend:
-        from airflow_provider_raytpu.backends.base import backend_for
+        """The backend for the triggers of the running event loop, shared by all of them.
 
-        return backend_for(await self.asettings())
+        The connection is read once (again after :data:`SETTINGS_MAX_AGE_SECONDS`), and the
+        backend's modules are imported in a worker thread: the triggerer's loop never waits
+        for an import.
+        """
+
+        async def make() -> ClusterBackend:
+            return await asyncio.to_thread(_backend_for, await self.asettings())
+
+        return await loop_shared().get(("backend", self.raytpu_conn_id), make, max_age=SETTINGS_MAX_AGE_SECONDS)
 
     def test_connection(self) -> tuple[bool, str]:
         """Reach the backend and list its RayClusters; the UI's Test button calls this."""

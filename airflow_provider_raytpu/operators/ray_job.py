@@ -361,8 +361,11 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
             if event["status"] == "ERROR":
                 raise AirflowException(event["message"])
             self.show_entrypoint(self.jobs.info(self.submission_id).entrypoint)
+            if event["status"] == "SUCCEEDED" and "result" in event:  # the trigger read the whole log
+                return event["result"]
+            logs = event.get("log_tail") if event["status"] != "SUCCEEDED" else None
             return self._finish(event["submission_id"], event["status"], event["message"],
-                                self.jobs.logs(event["submission_id"]))
+                                logs if logs is not None else self.jobs.logs(event["submission_id"]))
 
     def _finish(self, submission_id: str, status: str, message: str, logs: str) -> Any:
         if status == "SUCCEEDED":

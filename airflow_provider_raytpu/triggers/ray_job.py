@@ -1,19 +1,38 @@
-"""Follow a Ray job from the triggerer: stream its new log lines, fire when it ends."""
+"""Follow a Ray job from the triggerer: write each line of its log once, fire when it ends."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_raytpu.hooks.ray_jobs import TERMINAL, RayJobsHook
+from airflow_provider_raytpu.workloads.result import RESULT_PREFIX, last_result
 
 TRANSIENT_FAILURES_ALLOWED = 10
+#: How long a job's log may take to arrive in full once the job has ended.
+DRAIN_SECONDS = 30.0
+#: How often, at most, the position in the log is saved while lines are written.
+OFFSET_SAVE_SECONDS = 5.0
+#: The XCom that keeps how much of the job's log the task's log already has.
+LOG_OFFSET_KEY = "raytpu_job_log_offset"
+LOG_TAIL_LINES = 50
 
 
 class RayJobTrigger(BaseTrigger):
-    """Poll one Ray job; log each new line once, as it appears; fire on SUCCEEDED, FAILED or STOPPED.
+    """Follow one Ray job: write each line of its log to the task log once, as it appears; fire on
+    SUCCEEDED, FAILED or STOPPED.
+
+    The job's status comes from its cluster's job list, read once per tick for every job
+    trigger on that cluster; its log from Ray's streaming log tail
+    (:class:`~airflow_provider_raytpu.hooks.log_tail.LogTail`). How much of the log was written
+    is saved in the task's XCom ``raytpu_job_log_offset`` (at most every 5 s while lines are
+    written, and when the trigger is stopped), so a trigger that a restarted triggerer runs
+    again goes on from there instead of writing the log again. The event carries the job's
+    result and its last 50 lines, so the task need not download the log.
 
     Killing the task (mark failed, clear) stops the Ray job through :meth:`on_kill`.
 
@@ -21,7 +40,7 @@ class RayJobTrigger(BaseTrigger):
     :param cluster_name: the RayCluster's name.
     :param namespace: its namespace.
     :param raytpu_conn_id: the ``raytpu`` connection.
-    :param poll_interval: seconds between polls.
+    :param poll_interval: seconds between reads of the job's status.
     :param logged_chars: how much of the job's log the task has already written.
     """
 
@@ -34,6 +53,11 @@ class RayJobTrigger(BaseTrigger):
         self.raytpu_conn_id = raytpu_conn_id
         self.poll_interval = poll_interval
         self.logged_chars = logged_chars
+        self._partial = ""
+        self._tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        self._result_line: str | None = None
+        self._saved = logged_chars
+        self._saved_at = 0.0
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -54,37 +78,115 @@ class RayJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self.hook
-        failures = 0
-        while True:
-            try:
-                status, message = await hook.astatus(self.submission_id)
-                logs = await hook.alogs(self.submission_id)
-                failures = 0
-            except Exception as exc:  # the dashboard restarts, the proxy drops a request
-                failures += 1
-                if failures > TRANSIENT_FAILURES_ALLOWED:
-                    yield TriggerEvent(self._event("ERROR", f"Ray job {self.submission_id} unreachable: {exc}"))
-                    return
-                self.log.warning("Polling Ray job %s failed (%s); retry %d", self.submission_id, exc, failures)
-                await asyncio.sleep(min(self.poll_interval * failures, 30))
-                continue
-            self._log_new_lines(logs, final=status in TERMINAL)
-            if status in TERMINAL:
-                yield TriggerEvent(self._event(status, message))
-                return
-            await asyncio.sleep(self.poll_interval)
+        self.logged_chars = self._saved = max(self.logged_chars, await self._saved_offset())
+        from_start = self.logged_chars == 0
+        try:
+            event = await self._follow(hook)
+        except asyncio.CancelledError:  # the triggerer stops: keep the position for the next one
+            await self._save_offset(force=True)
+            raise
+        except Exception as exc:  # no connection, no dashboard: the task fails with the reason
+            event = self._event("ERROR", f"Ray job {self.submission_id} unreachable: {exc}")
+        await self._save_offset(force=True)
+        if event["status"] in TERMINAL:
+            event["log_tail"] = "\n".join(self._tail)
+            if from_start or self._result_line is not None:
+                event["result"] = last_result(self._result_line or "")
+        # Everything is closed before the event goes out: a consumer that takes only the first
+        # event and never resumes this generator (``dag.test()``) leaves nothing open behind.
+        yield TriggerEvent(event)
 
-    def _log_new_lines(self, logs: str, *, final: bool) -> None:
-        new = logs[self.logged_chars:]
-        if not final:
-            new = new[: new.rfind("\n") + 1]  # hold back a half-written line
-        for line in new.splitlines():
+    async def _follow(self, hook: RayJobsHook) -> dict[str, Any]:
+        wake = asyncio.Event()
+        failures = reads = 0
+        board = await hook.ajob_board()
+        async with board.follow(self.submission_id, self.poll_interval, wake) as job, \
+                hook.log_tail(self.submission_id, self.logged_chars, wake, self.poll_interval) as tail:
+            while True:
+                await wake.wait()
+                wake.clear()
+                self._write(tail.take())
+                await self._save_offset()
+                if job.reads == reads:
+                    continue
+                reads = job.reads
+                if job.error is not None or job.job is None:
+                    failures += 1
+                    problem = job.error or f"the cluster's dashboard does not list job {self.submission_id}"
+                    if failures > TRANSIENT_FAILURES_ALLOWED:
+                        return self._event("ERROR", f"Ray job {self.submission_id} unreachable: {problem}")
+                    self.log.warning("Reading Ray job %s failed (%s); retry %d", self.submission_id, problem, failures)
+                    continue
+                failures = 0
+                if job.job["status"] not in TERMINAL:
+                    tail.job_running()
+                else:
+                    await tail.drain(DRAIN_SECONDS)
+                    self._write(tail.take(), final=True)
+                    return self._event(job.job["status"], job.job.get("message") or "")
+
+    def _write(self, text: str, *, final: bool = False) -> None:
+        """Write the complete lines of ``text`` (after what was held back) to the task log, each once."""
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        written = sum(len(line) + 1 for line in lines)
+        if final and self._partial:  # the log's last line, without a newline
+            lines.append(self._partial)
+            written += len(self._partial)
+            self._partial = ""
+        for line in lines:
+            line = line.rstrip("\r")
             self.log.info("[ray job] %s", line)
-        self.logged_chars += len(new)
+            self._tail.append(line)
+            if RESULT_PREFIX in line and last_result(line) is not None:
+                self._result_line = line
+        self.logged_chars += written
 
     def _event(self, status: str, message: str) -> dict[str, Any]:
         return {"status": status, "message": message, "submission_id": self.submission_id,
                 "logged_chars": self.logged_chars}
+
+    # -- the position in the log, kept in the task's XCom -----------------------------------------------
+
+    def _xcom_target(self) -> dict[str, Any] | None:
+        ti = self.task_instance
+        if ti is None:
+            return None
+        map_index = getattr(ti, "map_index", None)
+        return {"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id,
+                "map_index": -1 if map_index is None else map_index}
+
+    async def _saved_offset(self) -> int:
+        target = self._xcom_target()
+        if target is None:
+            return 0
+        from airflow.sdk.execution_time.xcom import XCom
+
+        try:
+            saved = await asyncio.to_thread(XCom.get_one, key=LOG_OFFSET_KEY, **target)
+        except Exception as exc:  # no position: the log is written from the offset the task deferred with
+            self.log.warning("Could not read how much of Ray job %s's log was written: %s", self.submission_id, exc)
+            return 0
+        if isinstance(saved, dict) and saved.get("submission_id") == self.submission_id:
+            self.log.info("Continuing Ray job %s's log after the %d characters already written",
+                          self.submission_id, saved["logged_chars"])
+            return int(saved["logged_chars"])
+        return 0
+
+    async def _save_offset(self, *, force: bool = False) -> None:
+        target = self._xcom_target()
+        if target is None or self.logged_chars == self._saved:
+            return
+        if not force and time.monotonic() - self._saved_at < OFFSET_SAVE_SECONDS:
+            return
+        from airflow.sdk.execution_time.xcom import XCom
+
+        value = {"submission_id": self.submission_id, "logged_chars": self.logged_chars}
+        self._saved, self._saved_at = self.logged_chars, time.monotonic()
+        try:
+            await asyncio.to_thread(XCom.set, LOG_OFFSET_KEY, value, **target)
+        except Exception as exc:  # the log goes on; only a restart would write some lines again
+            self.log.warning("Could not save how much of Ray job %s's log was written: %s", self.submission_id, exc)
 
     async def on_kill(self) -> None:
         self.log.info("Task killed: stopping Ray job %s", self.submission_id)

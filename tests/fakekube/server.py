@@ -101,6 +101,7 @@ class FakeKubeApiServer:
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
+        self._connections_opened = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -137,6 +138,15 @@ class FakeKubeApiServer:
         app.router.add_route("*", "/{tail:.*}", self._handler.handle)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
+        server = self._runner.server
+        assert server is not None
+        made = server.connection_made
+
+        def counted(handler: Any, transport: Any) -> None:
+            self._connections_opened += 1
+            made(handler, transport)
+
+        server.connection_made = counted  # type: ignore[method-assign]
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
@@ -218,6 +228,32 @@ class FakeKubeApiServer:
     def accept_token(self, token: str) -> None:
         """Also accept ``token`` as a bearer token (e.g. one issued by a test OAuth server)."""
         self._handler.accept_token(token)
+
+    def rotate_token(self) -> str:
+        """Issue a new bearer token and reject the old one from now on (401, as for an expired token);
+        :meth:`kubeconfig_dict` and :meth:`airflow_connection` carry the new one. Returns it."""
+        import secrets
+
+        self._handler.token = secrets.token_urlsafe(24)
+        return self._handler.token
+
+    # -- connections -------------------------------------------------------------------------
+
+    @property
+    def open_connections(self) -> int:
+        """TCP connections from clients open now."""
+        server = self._runner.server if self._runner is not None else None
+        return len(server.connections) if server is not None else 0
+
+    @property
+    def connections_opened(self) -> int:
+        """TCP connections clients opened since the server started."""
+        return self._connections_opened
+
+    @property
+    def proxy(self) -> ServiceProxy:
+        """The service proxy (``bytes_forwarded``, ``websockets``, ``refuse_upgrades``)."""
+        return self._proxy
 
     def kubeconfig_dict(self, namespace: str = "default", *, context: str = "fakekube") -> dict:
         """A kubeconfig (as a dict) for ``kubernetes.config.load_kube_config_from_dict`` and friends."""

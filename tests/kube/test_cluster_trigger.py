@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_raytpu.backends.kuberay import watch as kuberay_watch
+from airflow_provider_raytpu.backends.kuberay import informer as kuberay_informer
 from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.tpu import TpuSlice
@@ -55,7 +55,7 @@ async def test_fires_ready_from_a_watch(backend: KubeRayBackend, kube: FakeKubeA
     lists = [r for r in kube.requests if r.method == "GET" and r.path.endswith("/rayclusters") and not r.watch]
     watches = [r for r in kube.requests if r.path.endswith("/rayclusters") and r.watch]
     assert len(lists) == 1 and len(watches) == 1
-    assert watches[0].query["fieldSelector"] == "metadata.name=train"
+    assert watches[0].query["allowWatchBookmarks"] == "true" and "fieldSelector" not in watches[0].query
 
 
 async def test_resumes_after_a_cut_stream(backend: KubeRayBackend, kube: FakeKubeApiServer,
@@ -98,7 +98,7 @@ async def test_polls_when_watching_keeps_failing(backend: KubeRayBackend, kube: 
 
 async def test_watches_again_after_a_spell_of_polling(backend: KubeRayBackend, kube: FakeKubeApiServer,
                                                      kuberay: KubeRayReactor, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kuberay_watch, "POLL_BEFORE_WATCHING_AGAIN_SECONDS", 1.0)
+    monkeypatch.setattr(kuberay_informer, "POLL_BEFORE_WATCHING_AGAIN_SECONDS", 1.0)
     kube.inject("GET", r"/rayclusters$", 500, times=3, watch=True)
     kuberay.set_mode("hold")
     create(backend)

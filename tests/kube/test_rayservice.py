@@ -488,6 +488,7 @@ async def test_trigger_fires_gone_and_poke_mode_works(backend: KubeRayBackend, c
     async for event in trigger.run():
         assert event.payload["status"] == ServicePhase.GONE.value
         break
+    kube.clear_log()  # the trigger's informer listed and may have started its watch
     deploy_v1_running(backend, controller)
     outcome = run_dag(airflow_home, dag("poke", deploy=None, sensor="deferrable=False"), "poke")
     assert outcome["wait_running"].state == "success"

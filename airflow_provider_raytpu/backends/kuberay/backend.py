@@ -3,14 +3,16 @@
 All Kubernetes access goes through the cncf-kubernetes hooks (backend ``kubernetes``)
 or the Google provider's GKE hooks (backend ``gke``) (:mod:`.clients`), so every auth
 method they support works here and no credential handling is written twice. The pieces:
-custom objects (:mod:`.objects`), the watch loop (:mod:`.watch`), pods and events
-(:mod:`.diagnosis`), the dashboard and Serve transports (:mod:`.transport`) and
-RayServices (:mod:`.services`).
+custom objects (:mod:`.objects`), the event loop's shared async client (:mod:`.shared_client`),
+informers (:mod:`.informer`, over :mod:`.watch`), batched pod reads (:mod:`.pods`), pods and
+events for diagnosis (:mod:`.diagnosis`), the dashboard and Serve transports (:mod:`.transport`)
+and RayServices (:mod:`.services`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -19,19 +21,15 @@ from kubernetes.client.rest import ApiException
 from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER, OnChange, apply_object, same_spec
 from airflow_provider_raytpu.backends.base import ApplyResult, ClusterBackend
 from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
-from airflow_provider_raytpu.backends.kuberay.diagnosis import (
-    acluster_status,
-    cluster_pods,
-    cluster_status,
-    diagnose_cluster,
-)
+from airflow_provider_raytpu.backends.kuberay.diagnosis import cluster_pods, cluster_status, diagnose_cluster
+from airflow_provider_raytpu.backends.kuberay.informer import informer
 from airflow_provider_raytpu.backends.kuberay.objects import RAY_CLUSTERS, CustomObjects
+from airflow_provider_raytpu.backends.kuberay.pods import pod_reader
 from airflow_provider_raytpu.backends.kuberay.services import KubeRayServices
 from airflow_provider_raytpu.backends.kuberay.transport import reach
-from airflow_provider_raytpu.backends.kuberay.watch import watch_object
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.manifests.raycluster import DASHBOARD_PORT, MANAGED_BY, MANAGED_BY_LABEL
-from airflow_provider_raytpu.status import ClusterStatus
+from airflow_provider_raytpu.status import ClusterStatus, Phase, read_ray_cluster
 
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.settings import ConnectionSettings
@@ -102,13 +100,32 @@ class KubeRayBackend(ClusterBackend):
             direct = f"http://{name}-head-svc.{namespace}.svc.cluster.local:{DASHBOARD_PORT}"
         return reach(self.settings, self.clients, namespace, f"{name}-head-svc", "dashboard", direct)
 
-    def watch_cluster(self, name: str, namespace: str, poll_interval: float = 10.0) -> AsyncIterator[ClusterStatus]:
-        """Watch the one RayCluster and yield its status on every change (see
-        :func:`~airflow_provider_raytpu.backends.kuberay.watch.watch_object`).
+    async def watch_cluster(self, name: str, namespace: str, poll_interval: float = 10.0) -> AsyncIterator[ClusterStatus]:
+        """The RayCluster's status now and after every change, from the event loop's informer of
+        RayClusters in ``namespace`` (:mod:`~airflow_provider_raytpu.backends.kuberay.informer`).
 
-        Returns the watch generator itself (no wrapping generator, so closing it closes everything).
+        The status is read from the object; a READY is confirmed with the cluster's pods (every
+        host of every slice ready, read together with other clusters' triggers of the same
+        moment) and, when they disagree, read again after ``poll_interval`` seconds or the next
+        change, whichever comes first.
         """
-        return watch_object(self.clients, self.objects, name, namespace, poll_interval, acluster_status)
+        shared = await self.clients.shared()
+        clusters = await informer(shared, self.objects, namespace)
+        pods = await pod_reader(shared, self.settings.conn_id, namespace)
+        async with clusters.subscribe(name, poll_interval) as subscription:
+            cluster = await subscription.next()
+            while True:
+                status = read_ray_cluster(cluster)
+                unconfirmed = False
+                if status.phase is Phase.READY:
+                    status = read_ray_cluster(cluster, await pods.pods_of(name))
+                    unconfirmed = status.phase is not Phase.READY
+                yield status
+                if not unconfirmed:
+                    cluster = await subscription.next()
+                    continue
+                with contextlib.suppress(TimeoutError):  # the pods disagree: look again even without a change
+                    cluster = await asyncio.wait_for(subscription.next(), poll_interval)
 
     async def adiagnose(self, name: str, namespace: str) -> str:
         return await asyncio.to_thread(self.diagnose, name, namespace)

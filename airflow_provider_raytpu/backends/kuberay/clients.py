@@ -5,11 +5,14 @@ the connection's ``kubernetes_conn_id`` (kubeconfig, in-cluster, exec plugins, .
 Backend ``gke``: the Google provider's ``GKEKubernetesHook`` / ``GKEKubernetesAsyncHook``
 on the control plane the GKE API names (tokens refresh on every request). No credential
 handling is written here.
+
+The sync client is one per backend (one per task in a worker). The async client is one per
+connection per event loop, shared by every trigger of the triggerer
+(:class:`~airflow_provider_raytpu.backends.kuberay.shared_client.SharedApiClient`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from functools import cached_property
@@ -18,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from kubernetes import client as k8s
 
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
+from airflow_provider_raytpu.backends.kuberay.shared_client import SharedApiClient
+from airflow_provider_raytpu.backends.loop_shared import loop_shared
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s_async
@@ -50,8 +55,55 @@ def _rest_gke_hook(settings: ConnectionSettings) -> Any:
     )
 
 
+def gke_endpoint(settings: ConnectionSettings) -> tuple[str, str]:
+    """The GKE control plane's URL and CA, read through the GKE API."""
+    from airflow.providers.google.cloud.operators.kubernetes_engine import GKEClusterAuthDetails
+
+    return GKEClusterAuthDetails(
+        cluster_name=settings.cluster or "",
+        project_id=settings.project_id or "",
+        use_internal_ip=settings.use_internal_ip,
+        use_dns_endpoint=settings.use_dns_endpoint,
+        cluster_hook=_rest_gke_hook(settings),
+    ).fetch_cluster_info()
+
+
+def async_hook(settings: ConnectionSettings) -> AsyncKubernetesHook:
+    """The connection's async hook (blocking: it may ask the GKE API for the control plane)."""
+    if settings.backend == "gke":
+        from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook
+
+        url, ca = gke_endpoint(settings)
+        return GKEKubernetesAsyncHook(
+            cluster_url=url,
+            ssl_ca_cert=ca,
+            use_dns_endpoint=settings.use_dns_endpoint,
+            gcp_conn_id=settings.gcp_conn_id,
+            impersonation_chain=settings.impersonation_chain,
+        )
+    return AsyncKubernetesHook(conn_id=settings.kubernetes_conn_id or KubernetesHook.default_conn_name)
+
+
+async def shared_api_client(settings: ConnectionSettings) -> SharedApiClient:
+    """The running event loop's async client of this connection (made on first use, closed with the loop).
+
+    When the connection's settings changed since it was made, its next client uses the new ones.
+    """
+
+    def make_hook() -> AsyncKubernetesHook:
+        return async_hook(settings)
+
+    async def make() -> SharedApiClient:
+        return SharedApiClient(make_hook, source=settings)
+
+    shared = await loop_shared().get(("kube-client", settings.conn_id), make, close=lambda c: c.aclose())
+    if shared.source != settings:
+        shared.replace_hook(make_hook, source=settings)
+    return shared
+
+
 class KubeClients:
-    """The Kubernetes clients of one connection: one sync client, and an async one per wait.
+    """The Kubernetes clients of one connection: one sync client, and the event loop's shared async one.
 
     :param settings: the parsed ``raytpu`` connection (backend ``kubernetes`` or ``gke``).
     """
@@ -63,15 +115,7 @@ class KubeClients:
     def gke_endpoint(self) -> tuple[str, str]:
         """The GKE control plane's URL and CA, read once through the GKE API."""
         if self._gke_endpoint is None:
-            from airflow.providers.google.cloud.operators.kubernetes_engine import GKEClusterAuthDetails
-
-            self._gke_endpoint = GKEClusterAuthDetails(
-                cluster_name=self.settings.cluster or "",
-                project_id=self.settings.project_id or "",
-                use_internal_ip=self.settings.use_internal_ip,
-                use_dns_endpoint=self.settings.use_dns_endpoint,
-                cluster_hook=_rest_gke_hook(self.settings),
-            ).fetch_cluster_info()
+            self._gke_endpoint = gke_endpoint(self.settings)
         return self._gke_endpoint
 
     @cached_property
@@ -112,21 +156,12 @@ class KubeClients:
     def core(self) -> k8s.CoreV1Api:
         return k8s.CoreV1Api(self.api_client)
 
+    async def shared(self) -> SharedApiClient:
+        """The event loop's shared async client of this connection."""
+        return await shared_api_client(self.settings)
+
     @contextlib.asynccontextmanager
     async def async_api_client(self) -> AsyncIterator[k8s_async.ApiClient]:
-        """An async client for one wait; opened anew each time so short-lived tokens refresh."""
-        if self.settings.backend == "gke":
-            from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook
-
-            url, ca = await asyncio.to_thread(self.gke_endpoint)
-            hook: AsyncKubernetesHook = GKEKubernetesAsyncHook(
-                cluster_url=url,
-                ssl_ca_cert=ca,
-                use_dns_endpoint=self.settings.use_dns_endpoint,
-                gcp_conn_id=self.settings.gcp_conn_id,
-                impersonation_chain=self.settings.impersonation_chain,
-            )
-        else:
-            hook = AsyncKubernetesHook(conn_id=self.settings.kubernetes_conn_id or KubernetesHook.default_conn_name)
-        async with hook.get_conn() as api_client:
+        """The event loop's shared async client, held for the caller's requests (not closed after them)."""
+        async with (await self.shared()).lease() as api_client:
             yield api_client

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.rest import ApiException
-from kubernetes_asyncio import client as k8s_async
 
 from airflow_provider_raytpu.backends.kuberay.objects import api_retry
+from airflow_provider_raytpu.backends.kuberay.pods import CLUSTER_LABEL
 from airflow_provider_raytpu.status import ClusterStatus, diagnose_pods, read_ray_cluster
 
 if TYPE_CHECKING:
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CLUSTER_LABEL = "ray.io/cluster"
 
 
 def _list_core(method: Callable[..., Any], namespace: str, **kwargs: Any) -> list[dict[str, Any]]:
@@ -44,17 +43,6 @@ def cluster_status(clients: KubeClients, cluster: dict[str, Any] | None) -> Clus
         return read_ray_cluster(None)
     metadata = cluster["metadata"]
     return read_ray_cluster(cluster, cluster_pods(clients, metadata["name"], metadata["namespace"]))
-
-
-async def acluster_status(api_client: k8s_async.ApiClient, cluster: dict[str, Any] | None) -> ClusterStatus:
-    """:func:`cluster_status` through an async client."""
-    if cluster is None:
-        return read_ray_cluster(None)
-    metadata = cluster["metadata"]
-    pods = await k8s_async.CoreV1Api(api_client).list_namespaced_pod(
-        metadata["namespace"], label_selector=f"{CLUSTER_LABEL}={metadata['name']}", _preload_content=False
-    )
-    return read_ray_cluster(cluster, json.loads(await pods.read()).get("items", []))
 
 
 def diagnose_cluster(clients: KubeClients, cluster: dict[str, Any] | None) -> str:

@@ -11,9 +11,9 @@ from kubernetes_asyncio import client as k8s_async
 
 from airflow_provider_raytpu.backends.apply import SERVICE_OWNER, OnChange, apply_object, same_service
 from airflow_provider_raytpu.backends.base import ApplyResult, ServiceBackend, service_config_problems
+from airflow_provider_raytpu.backends.kuberay.informer import informer
 from airflow_provider_raytpu.backends.kuberay.objects import RAY_SERVICES, CustomObjects
 from airflow_provider_raytpu.backends.kuberay.transport import reach
-from airflow_provider_raytpu.backends.kuberay.watch import watch_object
 from airflow_provider_raytpu.backends.serve_api import aserve_details, serve_details
 from airflow_provider_raytpu.manifests.raycluster import SERVE_PORT
 from airflow_provider_raytpu.manifests.rayservice import IN_PLACE, SERVE_PORT_NAME, serve_service_name, update_kind
@@ -112,20 +112,22 @@ class KubeRayServices(ServiceBackend):
             service = await self.objects.aget(api_client, name, namespace)
             return await self._aread(api_client, service, version)
 
-    def watch_service(
+    async def watch_service(
         self, name: str, namespace: str, version: str | None = None, poll_interval: float = 10.0
     ) -> AsyncIterator[ServiceStatus]:
-        """Watch the one RayService and yield its status on every change (see
-        :func:`~airflow_provider_raytpu.backends.kuberay.watch.watch_object`).
+        """The RayService's status now and after every change, from the event loop's informer of
+        RayServices in ``namespace`` (:mod:`~airflow_provider_raytpu.backends.kuberay.informer`).
 
         Each status also reads the active and pending RayClusters the service names (their
         pod templates carry the version each was made for).
         """
-
-        async def read(api_client: k8s_async.ApiClient, service: dict[str, Any] | None) -> ServiceStatus:
-            return await self._aread(api_client, service, version)
-
-        return watch_object(self.backend.clients, self.objects, name, namespace, poll_interval, read)
+        shared = await self.backend.clients.shared()
+        services = await informer(shared, self.objects, namespace)
+        async with services.subscribe(name, poll_interval) as subscription:
+            async for service in subscription:
+                async with shared.lease() as api_client:
+                    status = await self._aread(api_client, service, version)
+                yield status
 
     def diagnose_service(self, name: str, namespace: str, version: str | None = None,
                          waited: float | None = None) -> str:

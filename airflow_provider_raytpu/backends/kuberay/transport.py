@@ -5,6 +5,10 @@ The connection's ``dashboard`` field decides, here and nowhere else (:func:`reac
 on the API server with the Kubernetes client's own authentication (tokens, exec plugins,
 client certificates, refreshed GKE tokens; no public LoadBalancer and no copied
 credential); ``dns`` and ``url`` go to the address directly.
+
+Async requests and WebSockets through the proxy use the event loop's shared Kubernetes client
+(:mod:`~airflow_provider_raytpu.backends.kuberay.shared_client`): its connection pool and its
+credentials, refreshed as they require.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiExcepti
 from airflow_provider_raytpu.backends.transport import DirectTransport, HttpAnswer, HttpTransport
 
 if TYPE_CHECKING:
+    import aiohttp
     from kubernetes_asyncio import client as k8s_async
 
     from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
@@ -74,22 +79,48 @@ class ApiServerProxyTransport(HttpTransport):
 
     @contextlib.asynccontextmanager
     async def aclient(self) -> AsyncIterator[k8s_async.ApiClient]:
-        """The async Kubernetes client an async request uses (one per request here)."""
+        """The event loop's shared async Kubernetes client, held for one request."""
         async with self.clients.async_api_client() as api_client:
             yield api_client
 
     async def arequest(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
                        headers: Mapping[str, str] | None = None, timeout: float | None = 30.0) -> HttpAnswer:
         resource, sent, body = self._call(path, json, data, headers)
-        async with self.aclient() as api_client:
+
+        async def send(api_client: k8s_async.ApiClient) -> HttpAnswer:
             try:
                 raw = await api_client.call_api(
-                    resource, method, header_params=sent, body=body, auth_settings=["BearerToken"],
+                    resource, method, header_params=dict(sent), body=body, auth_settings=["BearerToken"],
                     _preload_content=False, _return_http_data_only=True, _request_timeout=timeout,
                 )
-                return HttpAnswer(raw.status, await raw.read())
+                try:
+                    answer = HttpAnswer(raw.status, await raw.read())
+                finally:
+                    raw.release()
             except AsyncApiException as exc:
-                return HttpAnswer(exc.status, _bytes(exc.body))
+                answer = HttpAnswer(exc.status, _bytes(exc.body))
+            if answer.status == 401:  # the API server's (proxied errors of the endpoint are 502/503)
+                raise AsyncApiException(status=401, reason=answer.text(200))
+            return answer
+
+        shared = await self.clients.shared()
+        try:
+            return await shared.call(send)
+        except AsyncApiException as exc:
+            if exc.status != 401:
+                raise
+            return HttpAnswer(401, (exc.reason or "").encode())
+
+    @contextlib.asynccontextmanager
+    async def websocket(self, path: str) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+        shared = await self.clients.shared()
+        async with shared.lease() as api_client:
+            url = api_client.configuration.host.rstrip("/") + self.path + "/" + path.lstrip("/")
+            headers = await shared.auth_headers(api_client)
+            session = api_client.rest_client.pool_manager
+            async with session.ws_connect(url, headers=headers, max_msg_size=0,
+                                          server_hostname=api_client.rest_client.server_hostname) as ws:
+                yield ws
 
 
 def reach(settings: ConnectionSettings, clients: KubeClients, namespace: str, service: str, port: str,

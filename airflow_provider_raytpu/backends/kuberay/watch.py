@@ -1,97 +1,117 @@
-"""Watch one KubeRay object and follow it through dropped streams, expired versions and proxies that cut watches."""
+"""Raw JSON from the Kubernetes API through the shared async client: lists by page, GETs and watch streams.
+
+kubernetes_asyncio's ``watch.Watch()`` builds a second ``ApiClient`` (with its own SSL context
+and connection pool) only to deserialise events into models; an informer needs the raw
+objects, so the stream is read here line by line from the shared client's own response:
+one JSON event per line, as the API server sends them.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from kubernetes_asyncio import client as k8s_async
-from kubernetes_asyncio import watch as k8s_watch
-from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiException
-
-from airflow_provider_raytpu.backends.kuberay.objects import GROUP, VERSION, api_retry, explain_api_error
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.client.rest import RESTResponse
 
 if TYPE_CHECKING:
-    from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
-    from airflow_provider_raytpu.backends.kuberay.objects import CustomObjects
+    from kubernetes_asyncio import client as k8s_async
 
-log = logging.getLogger(__name__)
+    from airflow_provider_raytpu.backends.kuberay.shared_client import SharedApiClient
 
-WATCH_SECONDS = 240
-WATCH_FAILURES_BEFORE_POLLING = 3
-POLL_BEFORE_WATCHING_AGAIN_SECONDS = 120.0
+#: Objects per list request (a page of a few hundred objects parses in milliseconds on the loop).
+LIST_PAGE = 250
+#: Events handled from a stream's buffer before other tasks get the loop.
+EVENTS_PER_TURN = 50
+#: A watch stream silent this long (no event, no bookmark) is taken for dead and opened again.
+WATCH_READ_TIMEOUT = 300.0
 
-T = TypeVar("T")
+Query = Sequence[tuple[str, str]]
 
 
-async def watch_object(
-    clients: KubeClients,
-    objects: CustomObjects,
-    name: str,
-    namespace: str,
-    poll_interval: float,
-    read: Callable[[k8s_async.ApiClient, dict[str, Any] | None], Awaitable[T]],
-) -> AsyncIterator[T]:
-    """Watch one custom object (field selector on its name) and yield ``read(client, object)`` on every change.
+def collection_path(namespace: str, plural: str, group: str = "", version: str = "v1") -> str:
+    """``/api/v1/namespaces/<ns>/<plural>`` or ``/apis/<group>/<version>/namespaces/<ns>/<plural>``."""
+    root = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    return f"{root}/namespaces/{namespace}/{plural}"
 
-    ``object`` is ``None`` when it does not exist or was deleted. Resumes from the last
-    resourceVersion after a dropped stream, lists again on 410 Gone, and after repeated
-    watch failures (e.g. a proxy that cuts streams) polls every ``poll_interval`` seconds
-    for a while before it tries watching again.
 
-    :param clients: the connection's clients (an async one is opened per stream).
-    :param objects: the object's kind.
-    """
-    kind, plural = objects.kind, objects.plural
-    failures = 0
-    polling_until = 0.0
-    resource_version: str | None = None
-    while True:
+async def _open(client: k8s_async.ApiClient, path: str, query: Query,
+                timeout: float | aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
+    response = await client.call_api(
+        path, "GET", query_params=list(query), header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+        _request_timeout=timeout,
+    )
+    if not 200 <= response.status < 300:
         try:
-            async with clients.async_api_client() as api_client:
-                api = k8s_async.CustomObjectsApi(api_client)
-                if resource_version is None:
-                    listed = await api_retry()(api.list_namespaced_custom_object)(
-                        GROUP, VERSION, namespace, plural, field_selector=f"metadata.name={name}"
-                    )
-                    resource_version = listed["metadata"]["resourceVersion"]
-                    items = listed.get("items") or []
-                    yield await read(api_client, items[0] if items else None)
-                if failures >= WATCH_FAILURES_BEFORE_POLLING:
-                    log.warning("Watching %s %s failed %d times; polling every %s s for %s s, then watching again",
-                                kind, name, failures, poll_interval, POLL_BEFORE_WATCHING_AGAIN_SECONDS)
-                    failures, polling_until = 0, time.monotonic() + POLL_BEFORE_WATCHING_AGAIN_SECONDS
-                if time.monotonic() < polling_until:
-                    await asyncio.sleep(poll_interval)
-                    resource_version = None
-                    continue
-                async with k8s_watch.Watch() as stream:
-                    async for event in stream.stream(
-                        api.list_namespaced_custom_object, GROUP, VERSION, namespace, plural,
-                        field_selector=f"metadata.name={name}", resource_version=resource_version,
-                        timeout_seconds=WATCH_SECONDS, allow_watch_bookmarks=True,
-                    ):
-                        obj = event["raw_object"]
-                        resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
-                        if event["type"] == "BOOKMARK":
-                            continue
-                        failures = 0
-                        yield await read(api_client, None if event["type"] == "DELETED" else obj)
-        except AsyncApiException as exc:
-            if exc.status == 410:
-                log.info("Watch of %s %s expired (410 Gone); listing again", kind, name)
-                resource_version = None
+            body = await response.read()
+        finally:
+            response.release()
+        raise ApiException(http_resp=RESTResponse(response, body))
+    return response
+
+
+async def get_json(client: k8s_async.ApiClient, path: str, query: Query = (), timeout: float = 60.0) -> Any:
+    """One GET answered with JSON (a non-2xx answer raises ``ApiException``, as the generated clients do)."""
+    response = await _open(client, path, query, timeout)
+    try:
+        body = await response.read()
+    finally:
+        response.release()
+    return json.loads(body)
+
+
+async def list_all(shared: SharedApiClient, path: str, query: Query = ()) -> tuple[list[dict[str, Any]], str]:
+    """Every object of a collection, :data:`LIST_PAGE` at a time, and the list's resourceVersion."""
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        page = [*query, ("limit", str(LIST_PAGE)), *((("continue", token),) if token else ())]
+        answer = await shared.call(lambda client: get_json(client, path, page))
+        items.extend(answer.get("items") or [])
+        metadata = answer.get("metadata") or {}
+        token = metadata.get("continue")
+        if not token:
+            return items, str(metadata.get("resourceVersion") or "")
+        await asyncio.sleep(0)
+
+
+async def watch_events(client: k8s_async.ApiClient, path: str, resource_version: str,
+                       timeout_seconds: int) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+    """``(type, object)`` of each event of one watch request from ``resource_version``, with bookmarks,
+    until the API server ends the stream (after ``timeout_seconds``).
+
+    Raises ``ApiException`` when the request is refused (410: the version is too old), and
+    aiohttp's errors when the stream breaks. An ``ERROR`` event is yielded as it comes.
+    """
+    query = [("watch", "true"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
+             ("timeoutSeconds", str(timeout_seconds))]
+    response = await _open(client, path, query,
+                           aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=WATCH_READ_TIMEOUT))
+    try:
+        handled = 0
+        async for line in response.content:
+            if not line.strip():
                 continue
-            if exc.status in (401, 403):
-                raise explain_api_error(exc, "watch", objects.resource, namespace) from exc
-            failures += 1
-            log.warning("Watch of %s %s failed (%s); retry %d", kind, name, exc.status, failures)
-            await asyncio.sleep(min(2**failures * 0.25, poll_interval))
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
-            failures += 1
-            log.warning("Watch of %s %s dropped (%s); retry %d", kind, name, exc, failures)
-            await asyncio.sleep(min(2**failures * 0.25, poll_interval))
+            event = json.loads(line)
+            yield event.get("type", ""), event.get("object") or {}
+            handled += 1
+            if handled % EVENTS_PER_TURN == 0:
+                await asyncio.sleep(0)
+    finally:
+        response.close()
+
+
+def slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object as an informer keeps it: ``managedFields`` and pod template specs dropped (status
+    readers use the objects' metadata, spec counts and status, and pod templates' metadata only)."""
+    (obj.get("metadata") or {}).pop("managedFields", None)
+    spec = obj.get("spec") or {}
+    for cluster_spec in (spec, spec.get("rayClusterConfig") or {}):
+        groups = [cluster_spec.get("headGroupSpec") or {}, *(cluster_spec.get("workerGroupSpecs") or [])]
+        for group in groups:
+            (group.get("template") or {}).pop("spec", None)
+    return obj
