@@ -78,3 +78,24 @@ def test_trigger_watches_through_the_async_gke_hook(gke: tuple[FakeKubeApiServer
 
     assert asyncio.run(first_event())["status"] == "READY"
     assert kube.count("GET", r"/rayclusters$", watch=True) + kube.count("GET", r"/rayclusters$", watch=False) >= 1
+
+
+def test_the_shared_async_client_refreshes_gke_tokens_in_place(gke: tuple[FakeKubeApiServer, GoogleStub],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_raytpu.backends.kuberay import shared_client
+    from airflow_provider_raytpu.backends.kuberay.clients import shared_api_client
+
+    monkeypatch.setattr(shared_client, "CREDENTIALS_MAX_AGE_SECONDS", 0.0)  # every request reloads the token
+    kube, google = gke
+    backend = RayTpuHook().backend
+    backend.apply_cluster(manifest())
+
+    async def run() -> tuple[str, int]:
+        async for event in RayClusterReadyTrigger("train", "ml", "raytpu_default", time.time() + 30, 0.5).run():
+            shared = await shared_api_client(backend.settings)
+            return event.payload["status"], shared.clients_made
+        raise AssertionError("no event")
+
+    issued = len(google.tokens)
+    assert asyncio.run(run()) == ("READY", 1)
+    assert len(set(google.tokens)) - issued >= 2, "tokens were fetched again for the same client"
