@@ -235,6 +235,10 @@ class Result:
             row["note"] = note
         self.data["summary"].append(row)
 
+    def goal(self, goal: str, measured: str, met: bool | None, how: str = "measured") -> None:
+        """One row of the goal table: the goal, what was measured, whether it is met."""
+        self.data.setdefault("goals", []).append({"goal": goal, "measured": measured, "met": met, "how": how})
+
     def __setitem__(self, key: str, value: Any) -> None:
         self.data[key] = value
 

@@ -1,29 +1,23 @@
-"""API load: requests to the Kubernetes API server per waiting sensor-hour, watch trigger vs polling.
+"""API load: requests to the Kubernetes API server per waiting sensor-hour, ours vs the cncf polling pattern.
 
-``K`` RayClusters stay not ready (the KubeRay reactor holds their pods Pending) for a measured window
-while, side by side in the same window against the same fake API server (tests/fakekube, real HTTP):
+For each size (10 and 100 sensors by default), RayClusters stay not ready (the KubeRay reactor
+holds their pods Pending) while, against the same fake API server (tests/fakekube, HTTPS with a
+cluster CA, in this process's own thread), in one event loop:
 
-- ours: one ``RayClusterReadyTrigger`` per cluster (list once, then watch; the watch is re-opened
-  every ``kuberay.watch.WATCH_SECONDS``, resuming from the last resourceVersion);
-- polling: one poll loop per cluster, each poll reading exactly what a poke reads
-  (``backend.cluster_status``: GET the RayCluster + list its pods, through the same client).
+- ours: one ``RayClusterReadyTrigger`` per cluster. Counted: the requests until every trigger
+  has its first status (startup: list pages, the watch), the requests in a steady window, and
+  the requests of one re-watch (the server ends every watch stream, as when ``timeoutSeconds``
+  is up);
+- baseline: the cncf-kubernetes ``KubernetesJobTrigger`` pattern: a cached
+  ``AsyncKubernetesHook`` and, every 10 s (its default), one GET through ``hook.get_conn()``.
+  Counted: requests per poll.
 
-Every request is counted in the fake server's request log and attributed to its cluster (path,
-``fieldSelector`` or ``labelSelector``). Counted honestly on both sides: our status read lists the
-pods after the initial list and after every watch event, so those lists are counted for ours, and
-each poll is counted as the GET plus the pods list it makes.
+Per sensor-hour (derived from the measured counts and the watch period, ``WATCH_SECONDS`` =
+3600 s, not patched): ours, first hour = (startup + steady rate x 1 h + re-watches in the hour
+x requests per re-watch) / sensors, a later hour = (steady rate x 1 h + re-watches x requests
+per re-watch) / sensors; baseline = requests per poll x 3600 / 10.
 
-Scaling (stated in the JSON): by default ``WATCH_SECONDS`` is shortened from 240 s to 5 s by
-monkeypatching ``airflow_provider_raytpu.backends.kuberay.watch.WATCH_SECONDS`` and the window is 60 s, so a
-trigger re-opens its watch ~12 times; per hour at the real 240 s = startup requests (list + pods list)
-+ watch requests per watch period x 3600 / 240. Polls are measured at a short interval (1 s) to count
-requests per poll; per hour at interval I = 3600 / I x requests per poll. Run with
-``--watch-seconds 240 --window 120`` for an unscaled (but short) window.
-
-An idle cluster is the cheapest case for polling relative to watching: a cluster whose status changes
-(hosts coming up one by one) costs ours one pods list per change, and polling nothing more.
-
-Run: ``.venv/bin/python benchmarks/api_load.py [--clusters 10] [--window 60] [--watch-seconds 5]``
+Run: ``.venv/bin/python benchmarks/api_load.py [--sizes 10,100] [--window 30]``
 """
 
 from __future__ import annotations
@@ -31,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import re
 import time
 from typing import Any
 
@@ -41,162 +34,143 @@ _common.setup_airflow_env()
 
 NS = _common.NAMESPACE
 CONN = "raytpu_default"
-REAL_WATCH_SECONDS = 240
-POLL_INTERVALS = (5.0, 10.0, 30.0, 60.0)
-_NAME_IN_PATH = re.compile(r"/rayclusters/([^/]+)")
+POLL_INTERVAL = 10.0
 
 
-def cluster_of(req: Any) -> str | None:
-    """Which RayCluster a logged request is about."""
-    m = _NAME_IN_PATH.search(req.path)
-    if m:
-        return m.group(1)
-    for key, prefix in (("fieldSelector", "metadata.name="), ("labelSelector", "ray.io/cluster=")):
-        value = req.query.get(key) or ""
-        if value.startswith(prefix):
-            return value[len(prefix):]
-    return None
+def counts(server: Any) -> collections.Counter:
+    found: collections.Counter = collections.Counter()
+    for req in server.requests:
+        kind = "watch" if req.watch else ("list pods" if req.path.endswith("/pods") else
+                                          "list rayclusters" if req.path.endswith("/rayclusters") else
+                                          "get raycluster" if "/rayclusters/" in req.path else f"{req.method} {req.path}")
+        found[kind] += 1
+    return found
 
 
-def kind_of(req: Any) -> str:
-    if req.watch:
-        return "watch rayclusters"
-    if req.path.endswith("/pods"):
-        return "list pods"
-    if req.path.endswith("/rayclusters"):
-        return "list rayclusters"
-    if _NAME_IN_PATH.search(req.path):
-        return "get raycluster"
-    return f"{req.method} {req.path}"
+def diff(after: collections.Counter, before: collections.Counter) -> dict[str, int]:
+    return {k: after[k] - before[k] for k in after if after[k] - before[k]}
 
 
-async def run_trigger(name: str, deadline: float, events: list) -> None:
+async def ours(server: Any, names: list[str], window: float) -> dict[str, Any]:
+    from _triggerer import FirstLine
+
+    from airflow_provider_raytpu.backends.kuberay.informer import WATCH_SECONDS
     from airflow_provider_raytpu.triggers.raycluster import RayClusterReadyTrigger
 
-    async for event in RayClusterReadyTrigger(name, NS, CONN, deadline).run():
-        events.append(event.payload)
-        return
+    seen: dict[str, float] = {}
+
+    async def one(name: str) -> None:
+        trigger = RayClusterReadyTrigger(name, NS, CONN, time.time() + 3600)
+        trigger._log = FirstLine(name, seen)
+        async for _ in trigger.run():
+            raise AssertionError(f"{name} was expected to stay not ready")
+
+    c0 = counts(server)
+    tasks = [asyncio.create_task(one(n)) for n in names]
+    while len(seen) < len(names) or server.open_watches < 1:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    c1 = counts(server)
+    t0 = time.monotonic()
+    await asyncio.sleep(window)
+    steady_s = time.monotonic() - t0
+    c2 = counts(server)
+    server.end_watches()
+    await asyncio.sleep(0.5)
+    while server.open_watches < 1:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    c3 = counts(server)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    startup, steady, rewatch = diff(c1, c0), diff(c2, c1), diff(c3, c2)
+    per_rewatch = sum(rewatch.values())
+    rewatches_per_hour = 3600 / WATCH_SECONDS
+    steady_per_hour = sum(steady.values()) / steady_s * 3600
+    n = len(names)
+    return {"startup_requests": startup, "steady_requests": steady, "steady_window_s": steady_s,
+            "requests_per_rewatch": rewatch, "watch_seconds": WATCH_SECONDS,
+            "first_hour_per_sensor": (sum(startup.values()) + steady_per_hour
+                                      + (rewatches_per_hour - 1) * per_rewatch) / n,
+            "later_hour_per_sensor": (steady_per_hour + rewatches_per_hour * per_rewatch) / n}
 
 
-async def poll_loop(backend: Any, name: str, interval: float, stop_at: float, polls: collections.Counter) -> None:
-    from airflow_provider_raytpu.backends.kuberay.diagnosis import acluster_status
+async def baseline(server: Any, names: list[str], polls: int) -> dict[str, Any]:
+    from _triggerer import CncfPollingTrigger
 
-    async with backend.clients.async_api_client() as api:
-        next_poll = time.monotonic()
-        while time.monotonic() < stop_at:
-            cluster = await backend.objects.aget(api, name, NS)
-            status = await acluster_status(api, cluster)
-            polls[name] += 1
-            if status.finished:
-                return
-            next_poll += interval
-            await asyncio.sleep(max(0.0, next_poll - time.monotonic()))
-
-
-async def main_async(args: argparse.Namespace) -> _common.Result:
-    import airflow_provider_raytpu.backends.kuberay.watch as kuberay_watch
-    from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
-
-    scaled = args.watch_seconds != REAL_WATCH_SECONDS
-    kuberay_watch.WATCH_SECONDS = args.watch_seconds
-    result = _common.Result("api_load", {
-        "clusters": args.clusters, "window_s": args.window, "watch_seconds_used": args.watch_seconds,
-        "watch_seconds_real": REAL_WATCH_SECONDS, "scaled": scaled,
-        "scaling": (f"kuberay.watch.WATCH_SECONDS monkeypatched {REAL_WATCH_SECONDS} -> {args.watch_seconds} s; "
-                    f"per hour = startup + watch-period requests x 3600/{REAL_WATCH_SECONDS}") if scaled
-        else "none: the real WATCH_SECONDS",
-        "poll_interval_measured_s": args.poll_interval,
-        "server": "tests/fakekube FakeKubeApiServer in-process (own thread), real HTTP on 127.0.0.1",
-    })
-    with _common.fake_kube(mode="hold") as (server, reactor):
-        backend = RayTpuHook(CONN).backend
-        ours = [f"watch-{i}" for i in range(args.clusters)]
-        polled = [f"poll-{i}" for i in range(args.clusters)]
-        for name in ours + polled:
-            await asyncio.to_thread(backend.apply_cluster, _common.cluster_manifest(name))
-        await asyncio.sleep(0.5)  # the reactor creates the pods (Pending) and writes the first status
-        server.clear_log()
-        t0 = time.monotonic()
-        stop_at = t0 + args.window
-        events: list = []
-        polls: collections.Counter = collections.Counter()
-        triggers = [asyncio.create_task(run_trigger(n, time.time() + args.window + 600, events)) for n in ours]
-        pollers = [asyncio.create_task(poll_loop(backend, n, args.poll_interval, stop_at, polls)) for n in polled]
-        await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
-        await asyncio.gather(*pollers)
-        window = time.monotonic() - t0
-        log = server.requests
-        for t in triggers:
-            t.cancel()
-        await asyncio.gather(*triggers, return_exceptions=True)
-        assert not events, f"a cluster was expected to stay not ready: {events[:1]}"
-
-    per_cluster: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    unattributed = collections.Counter()
-    for req in log:
-        name = cluster_of(req)
-        if name is None:
-            unattributed[kind_of(req)] += 1
-        else:
-            per_cluster[name][kind_of(req)] += 1
-
-    def mean_counts(names: list[str]) -> dict[str, float]:
-        kinds = {k for n in names for k in per_cluster[n]}
-        return {k: sum(per_cluster[n][k] for n in names) / len(names) for k in sorted(kinds)}
-
-    ours_counts, poll_counts = mean_counts(ours), mean_counts(polled)
-    watch_periods = window / args.watch_seconds
-    watches = ours_counts.get("watch rayclusters", 0.0)
-    startup = sum(v for k, v in ours_counts.items() if k != "watch rayclusters")
-    watch_per_period = watches / watch_periods
-    ours_per_hour = startup + watch_per_period * 3600 / REAL_WATCH_SECONDS
-    total_polls = sum(polls[n] for n in polled) / len(polled)
-    requests_per_poll = sum(poll_counts.values()) / total_polls
-    result["window_measured_s"] = window
-    result["ours"] = {
-        "requests_per_trigger_in_window": ours_counts,
-        "startup_requests_per_trigger": startup,
-        "watch_requests_per_watch_period": watch_per_period,
-        "requests_per_sensor_hour": ours_per_hour,
-        "how": "derived from the measured window: startup + watch requests per period x 3600/240",
-    }
-    result["polling"] = {
-        "requests_per_loop_in_window": poll_counts,
-        "polls_per_loop_in_window": total_polls,
-        "requests_per_poll": requests_per_poll,
-        "requests_per_sensor_hour": {f"{i:g}": 3600 / i * requests_per_poll for i in POLL_INTERVALS},
-        "how": "requests per poll measured; per hour = 3600 / interval x requests per poll",
-    }
-    result["unattributed_requests"] = dict(unattributed)
-    result["notes"] = [
-        "per hour figures assume the cluster stays not ready all hour with no status change; each change "
-        "(e.g. a host becoming ready) costs the watch trigger one pods list (and polling nothing extra)",
-        "the watch stream stays open between requests: one long-lived connection per waiting trigger",
-    ]
-    for interval in POLL_INTERVALS:
-        label = f"poll {interval:g} s" + (" (Airflow default poke)" if interval == 60 else "")
-        result.add("API requests per waiting sensor-hour", ours_per_hour, 3600 / interval * requests_per_poll,
-                   "requests", baseline_name=label,
-                   how=(f"measured ({window:.0f} s window, re-watch every {args.watch_seconds:g} s), extrapolated to 1 h "
-                        f"at {REAL_WATCH_SECONDS} s") if scaled else f"measured ({window:.0f} s), extrapolated to 1 h")
-    return result
+    c0 = counts(server)
+    seen: dict[str, float] = {}
+    pollers = [CncfPollingTrigger(n, POLL_INTERVAL, seen) for n in names]
+    tasks = [asyncio.create_task(p.run()) for p in pollers]
+    await asyncio.sleep(POLL_INTERVAL * (polls - 1) + POLL_INTERVAL / 2)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    made = diff(counts(server), c0)
+    per_poll = sum(made.values()) / (len(names) * polls)
+    return {"requests": made, "polls_per_sensor": polls, "requests_per_poll": per_poll,
+            "per_sensor_hour": per_poll * 3600 / POLL_INTERVAL}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--clusters", type=int, default=10, help="clusters for each side (triggers / poll loops)")
-    parser.add_argument("--window", type=float, default=60.0, help="measured window in seconds")
-    parser.add_argument("--watch-seconds", type=float, default=5.0,
-                        help=f"WATCH_SECONDS during the run (real: {REAL_WATCH_SECONDS}); results are scaled to it")
-    parser.add_argument("--poll-interval", type=float, default=1.0, help="poll interval used to count requests per poll")
+    parser.add_argument("--sizes", default="10,100", help="waiting sensors, comma-separated")
+    parser.add_argument("--window", type=float, default=30.0, help="steady window in seconds (ours)")
+    parser.add_argument("--polls", type=int, default=3, help="polls per baseline sensor counted")
     args = parser.parse_args()
     _common.quiet_logs()
-    result = asyncio.run(main_async(args))
+    from tests.fakekube.kuberay import KubeRayReactor
+    from tests.fakekube.server import FakeKubeApiServer
+
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    result = _common.Result("api_load", {
+        "sizes": sizes, "window_s": args.window, "baseline_polls": args.polls,
+        "server": "tests/fakekube FakeKubeApiServer over HTTPS (trustme CA in the kubeconfig), in this process's "
+                  "own thread, a bookmark every 60 s; clusters v6e 2x2 held Pending by the KubeRay reactor",
+        "baseline": "the cncf-kubernetes KubernetesJobTrigger pattern: a cached AsyncKubernetesHook, one GET through "
+                    f"get_conn() every {POLL_INTERVAL:g} s (its default poll_interval)",
+    })
+    runs = {}
+    for n in sizes:
+        with FakeKubeApiServer(tls=True, bookmark_interval=60.0) as server, \
+                KubeRayReactor(server, delay=0.05, mode="hold"):
+            _common.point_connections_at(server.airflow_connection(NS), NS)
+            from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
+
+            backend = RayTpuHook(CONN).backend
+            names = [f"rc-{i:03d}" for i in range(n)]
+            for name in names:
+                backend.apply_cluster(_common.cluster_manifest(name, topology="2x2"))
+            time.sleep(0.5)
+            runs[n] = {"ours": asyncio.run(ours(server, names, args.window)),
+                       "baseline": asyncio.run(baseline(server, names[: min(n, 20)], args.polls))}
+        o, b = runs[n]["ours"], runs[n]["baseline"]
+        label = f"cncf KubernetesJobTrigger pattern, {POLL_INTERVAL:g} s"
+        how = (f"derived: measured startup, steady ({o['steady_window_s']:.0f} s) and re-watch counts, "
+               f"{3600 / o['watch_seconds']:g} re-watch(es) per hour (WATCH_SECONDS {o['watch_seconds']} s)")
+        result.add(f"{n} sensors: API requests per sensor-hour, first hour", o["first_hour_per_sensor"],
+                   b["per_sensor_hour"], "requests", baseline_name=label, how=how)
+        result.add(f"{n} sensors: API requests per sensor-hour, each later hour", o["later_hour_per_sensor"],
+                   b["per_sensor_hour"], "requests", baseline_name=label, how=how)
+        result.add(f"{n} sensors: requests until all are watching", sum(o["startup_requests"].values()), None,
+                   "requests", baseline_name="")
+        result.add(f"{n} sensors: requests in the steady window", sum(o["steady_requests"].values()), None,
+                   "requests", baseline_name="")
+        result.add(f"{n} sensors: requests of one re-watch", sum(o["requests_per_rewatch"].values()), None,
+                   "requests", baseline_name="")
+    result["runs"] = {str(n): r for n, r in runs.items()}
+    for n, bound in ((10, 0.2), (100, 0.05)):
+        if n in runs:
+            o = runs[n]["ours"]
+            worst = max(o["first_hour_per_sensor"], o["later_hour_per_sensor"])
+            result.goal(f"<= {bound} API requests per sensor-hour at {n} sensors",
+                        f"{o['first_hour_per_sensor']:.3f} in the first hour, {o['later_hour_per_sensor']:.3f} later",
+                        worst <= bound + 1e-9, how="derived")
     path = result.write()
     result.print_table()
-    o, p = result["ours"], result["polling"]
-    print(f"  ours per trigger in {result['window_measured_s']:.0f} s: {o['requests_per_trigger_in_window']}; "
-          f"polling: {p['requests_per_poll']:.2f} requests per poll")
+    for g in result.data.get("goals", []):
+        print(f"  goal: {g['goal']}: {g['measured']} -> {'met' if g['met'] else 'NOT met'}")
     print(f"  -> {path.relative_to(_common.REPO)}")
 
 

@@ -13,8 +13,8 @@ Reaction = time the trigger yields its event - change time. N trials, median and
 
 Baseline: a poll loop at the intervals existing tools use (Airflow's default sensor
 ``poke_interval`` 60 s; 5 / 10 / 30 s polls). Each poll reads through the same Kubernetes client as
-our trigger (kubernetes_asyncio through the cncf-kubernetes hook): GET the RayCluster, list its
-pods, ``status.read_ray_cluster`` (= what ``backend.cluster_status`` / a poke does). For the
+our trigger (kubernetes_asyncio through the cncf-kubernetes hook): GET the RayCluster and
+``status.read_ray_cluster`` (what the cncf ``KubernetesJobTrigger`` does for a Job). For the
 RayService: GET the service and its clusters, ``status.read_ray_service``. Its reaction is
 (time of the first poll after the change that sees it) - change time.
 
@@ -171,11 +171,10 @@ async def ours_service(server: Any, reactor: Any, backend: Any, clock: ChangeClo
 # -- the poll loop ------------------------------------------------------------------------------------
 
 async def poll_cluster_once(backend: Any, api: Any, name: str) -> Any:
-    """One poll: GET the RayCluster, list its pods, interpret it (what a poke does)."""
-    from airflow_provider_raytpu.backends.kuberay.diagnosis import acluster_status
+    """One poll: GET the RayCluster and interpret it (what the cncf KubernetesJobTrigger does for a Job)."""
+    from airflow_provider_raytpu.status import read_ray_cluster
 
-    cluster = await backend.objects.aget(api, name, NS)
-    return await acluster_status(api, cluster)
+    return read_ray_cluster(await backend.objects.aget(api, name, NS))
 
 
 async def poll_until_ready(backend: Any, name: str, interval: float, start_at: float) -> tuple[float, list[float]]:
@@ -296,7 +295,7 @@ async def main_async(args: argparse.Namespace) -> _common.Result:
         "reaction = time the trigger (or poll loop) has the event - commit time of the status write on the "
         "fake API server (same process, time.monotonic)",
         "measured poll figures: concurrent poll loops at random phase, one RayCluster each, one change on all",
-        "derived poll figures: U(0, interval) + measured median poll read latency (GET + pods list + "
+        "derived poll figures: U(0, interval) + measured median poll read latency (GET + "
         "read_ray_cluster; RayService: GET service + clusters + read_ray_service): median interval/2 + latency, "
         "p95 0.95*interval + latency",
         "a poke-mode sensor adds its worker's overhead on top; a deferrable sensor of either kind adds the same "

@@ -332,6 +332,24 @@ class FakeKubeApiServer:
     def open_watches(self) -> int:
         return self._feed.open_watches
 
+    def end_watches(self) -> None:
+        """End every open watch stream cleanly, as the server does when a watch's ``timeoutSeconds`` is up."""
+        self.loop.call_soon_threadsafe(self._feed.end_all)
+
+    def drop_connections(self) -> int:
+        """What clients see of an API server restart (its state kept, as in etcd): every watch stream is
+        cut and every client connection closed at once. Returns how many connections were closed."""
+        self.cut_watches()
+
+        async def drop() -> int:
+            server = self._runner.server if self._runner is not None else None
+            transports = list(server._connections.values()) if server is not None else []
+            for transport in transports:
+                transport.abort()
+            return len(transports)
+
+        return asyncio.run_coroutine_threadsafe(drop(), self.loop).result(10)
+
     # -- request log -------------------------------------------------------------------------
 
     @property

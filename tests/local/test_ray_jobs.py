@@ -94,6 +94,47 @@ def test_result_and_streamed_log(airflow_home: Path, cluster: EmulatedCluster, j
     assert job.metadata["raytpu.task_id"] == "job" and job.submission_id.endswith("-try1")
 
 
+async def test_each_line_once_across_a_triggerer_restart(cluster: EmulatedCluster, jobs: JobSubmissionClient,
+                                                         capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Ray's real log tail: a trigger stopped mid-job and one started with the position the first saved
+    write every line once between them (the restored position is what the task's XCom keeps)."""
+    import asyncio
+    import re
+    import shlex
+    import uuid
+
+    from airflow_provider_raytpu.triggers.ray_job import RayJobTrigger
+
+    go_on = tmp_path / "go-on"  # the job holds after its 20th line until the first trigger is stopped
+    code = (f"import os, time\nfor i in range(40):\n    print('tick', i, flush=True)\n    if i == 19:\n"
+            f"        while not os.path.exists({str(go_on)!r}):\n            time.sleep(0.05)\n")
+    submission_id = jobs.submit_job(entrypoint=f"python -c {shlex.quote(code)}",
+                                    submission_id=f"restart-{uuid.uuid4().hex[:8]}")
+
+    async def first_event(trigger: RayJobTrigger) -> dict:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("no event")
+
+    first = RayJobTrigger(submission_id, cluster.name, cluster.namespace, "raytpu_default", poll_interval=0.5)
+    task = asyncio.create_task(first_event(first))
+    while first.logged_chars < len("tick 5\n") * 5:
+        await asyncio.sleep(0.05)
+    assert not task.done(), "the job should still be running"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    go_on.touch()
+    second = RayJobTrigger(submission_id, cluster.name, cluster.namespace, "raytpu_default", poll_interval=0.5,
+                           logged_chars=first.logged_chars)
+    event = await first_event(second)
+    assert event["status"] == "SUCCEEDED"
+    written = re.findall(r"\[ray job\] (.*?) *\[airflow_provider_raytpu", capfd.readouterr().out)
+    # Every line of the job's log once, in order (Ray starts it with its own lines about the entrypoint).
+    assert written == [line.rstrip() for line in jobs.get_job_logs(submission_id).splitlines()]
+    assert [line for line in written if line.startswith("tick ")] == [f"tick {i}" for i in range(40)]
+
+
 def test_failing_job_fails_the_task_with_its_log_tail(airflow_home: Path, cluster: EmulatedCluster,
                                                       capfd: pytest.CaptureFixture[str]) -> None:
     code = "import sys\nprint('loading shard 7 of 8')\nprint('ValueError: shard 7 is corrupt', flush=True)\nsys.exit(3)\n"
@@ -186,9 +227,12 @@ def test_jobs_through_the_api_server_service_proxy(airflow_home: Path, cluster: 
         # The package is content-addressed: an earlier test may have uploaded it, so Ray only checks for it.
         package_calls = kube.count(None, proxied + "packages/")
         submits = kube.count("POST", proxied + r"jobs/$")
-        polls = kube.count("GET", proxied + r"jobs/raytpu-")
+        status_lists = kube.count("GET", proxied + r"jobs/$")
+        downloads = kube.count("GET", proxied + r"jobs/raytpu-[^/]+/logs$")
+        streams = kube.proxy.websockets
     assert (outcome.state, outcome.result) == ("success", {"proxied": True})
-    assert package_calls >= 1 and submits == 1 and polls >= 2
+    assert package_calls >= 1 and submits == 1 and status_lists >= 2
+    assert (streams, downloads) == (1, 0), "Ray's log tail streams through the proxy; the log is never downloaded"
     log = capfd.readouterr().out
     assert "[ray job] via the proxy" in log
     assert kube.token not in log and kube.token not in json.dumps(outcome.result)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +36,8 @@ from airflow_provider_raytpu.status import ClusterStatus, Phase, read_ray_cluste
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.settings import ConnectionSettings
     from airflow_provider_raytpu.backends.transport import HttpTransport
+
+log = logging.getLogger(__name__)
 
 
 class KubeRayBackend(ClusterBackend):
@@ -113,13 +117,20 @@ class KubeRayBackend(ClusterBackend):
         clusters = await informer(shared, self.objects, namespace)
         pods = await pod_reader(shared, self.settings.conn_id, namespace)
         async with clusters.subscribe(name, poll_interval) as subscription:
-            cluster = await subscription.next()
+            cluster: dict[str, Any] | None = await subscription.next()
             while True:
                 status = read_ray_cluster(cluster)
                 unconfirmed = False
                 if status.phase is Phase.READY:
-                    status = read_ray_cluster(cluster, await pods.pods_of(name))
+                    try:
+                        status = read_ray_cluster(cluster, await pods.pods_of(name))
+                    except Exception as exc:  # READY is not said without the pods; look again soon
+                        log.warning("Reading the pods of RayCluster %s/%s failed: %s", namespace, name, exc)
+                        status = dataclasses.replace(status, phase=Phase.PROVISIONING,
+                                                     message=f"{status.message}; confirming with its pods")
                     unconfirmed = status.phase is not Phase.READY
+                if not unconfirmed:
+                    cluster = None  # a thousand waiting triggers keep no object each
                 yield status
                 if not unconfirmed:
                     cluster = await subscription.next()

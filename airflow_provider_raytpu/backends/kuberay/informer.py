@@ -1,7 +1,10 @@
 """One list+watch per (connection, namespace, kind), shared by every trigger that waits on an object of that kind.
 
 An :class:`Informer` keeps the latest version of every object of its kind in its namespace
-(slimmed: :func:`~airflow_provider_raytpu.backends.kuberay.watch.slim`). It starts with the
+(slimmed: :func:`~airflow_provider_raytpu.backends.kuberay.watch.slim`, and kept as JSON text: a
+thousand objects as a thousand strings rather than a few hundred thousand Python objects, which
+would make the interpreter's full garbage collections, which stop the triggerer's loop, longer
+and more frequent). Subscribers get a parsed copy per change and keep none. It starts with the
 first subscriber and stops when the last one leaves. It lists once, then watches from the
 list's resourceVersion with bookmarks and a long ``timeoutSeconds``; it resumes from the last
 version it saw after a cut stream, lists again on 410 Gone, waits a jittered backoff after
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import time
@@ -27,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from airflow_provider_raytpu.backends.kuberay.objects import GROUP, VERSION, explain_api_error
-from airflow_provider_raytpu.backends.kuberay.watch import collection_path, get_json, list_all, slim, watch_events
+from airflow_provider_raytpu.backends.kuberay.objects import GROUP, VERSION, api_retry, explain_api_error
+from airflow_provider_raytpu.backends.kuberay.watch import collection_path, get_json, list_pages, slim, watch_events
 from airflow_provider_raytpu.backends.loop_shared import loop_shared
 
 if TYPE_CHECKING:
@@ -46,7 +50,6 @@ BACKOFF_CAP_SECONDS = 30.0
 #: Subscribers told of a change before other tasks get the loop.
 NOTIFY_PER_TURN = 100
 
-_UNSET: Any = object()
 
 
 class Subscription:
@@ -59,17 +62,18 @@ class Subscription:
     def __init__(self, name: str, poll_interval: float) -> None:
         self.name = name
         self.poll_interval = poll_interval
-        self._latest: dict[str, Any] | None = _UNSET
+        self._pending: dict[str, Any] | None = None
+        self._offered = False
         self._error: BaseException | None = None
         self._changed = asyncio.Event()
 
     def offer(self, obj: dict[str, Any] | None) -> None:
-        self._latest = obj
+        self._pending, self._offered = obj, True
         self._changed.set()
 
     def offer_first(self, obj: dict[str, Any] | None) -> None:
         """The initial state, unless an event already said something newer."""
-        if self._latest is _UNSET:
+        if not self._offered:
             self.offer(obj)
 
     def fail(self, error: BaseException) -> None:
@@ -82,7 +86,8 @@ class Subscription:
         self._changed.clear()
         if self._error is not None:
             raise self._error
-        return self._latest
+        obj, self._pending = self._pending, None
+        return obj
 
     def __aiter__(self) -> Subscription:
         return self
@@ -104,7 +109,7 @@ class Informer:
         self.objects = objects
         self.namespace = namespace
         self.path = collection_path(namespace, objects.plural, GROUP, VERSION)
-        self.store: dict[str, dict[str, Any]] = {}
+        self.store: dict[str, str] = {}
         self.resource_version: str | None = None
         self.lists = 0
         self.watches = 0
@@ -133,14 +138,14 @@ class Informer:
 
     async def _first(self, subscription: Subscription) -> None:
         await self._synced.wait()
-        obj = self.store.get(subscription.name)
-        if obj is None and subscription._latest is _UNSET:
-            obj = await self._get(subscription.name)
-        subscription.offer_first(obj)
+        if subscription._offered:
+            return
+        text = self.store.get(subscription.name)
+        subscription.offer_first(json.loads(text) if text is not None else await self._get(subscription.name))
 
     async def _get(self, name: str) -> dict[str, Any] | None:
         try:
-            return slim(await self.shared.call(lambda client: get_json(client, f"{self.path}/{name}")))
+            return slim(await api_retry()(self.shared.call)(lambda client: get_json(client, f"{self.path}/{name}")))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -203,16 +208,27 @@ class Informer:
             await asyncio.sleep(random.uniform(0, min(BACKOFF_CAP_SECONDS, 0.25 * 2**failures)))
 
     async def _list(self) -> None:
-        items, resource_version = await list_all(self.shared, self.path)
-        self.lists += 1
-        fresh = {obj["metadata"]["name"]: slim(obj) for obj in items}
+        def digest(items: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any] | None]]:
+            digested = []
+            for obj in items:
+                name = obj["metadata"]["name"]
+                digested.append((name, json.dumps(slim(obj)), obj if name in self._subscribers else None))
+            return digested
+
+        fresh: dict[str, str] = {}
+        async for page, resource_version in list_pages(self.shared, self.path, digest=digest):
+            changed = []
+            for name, text, obj in page:
+                fresh[name] = text
+                if obj is not None and self.store.get(name) != text:
+                    changed.append((name, obj))
+            del page
+            await self._notify(changed)
         gone = [name for name in self.store if name not in fresh]
-        changed = [name for name, obj in fresh.items()
-                   if (self.store.get(name) or {}).get("metadata", {}).get("resourceVersion")
-                   != obj["metadata"].get("resourceVersion")]
         self.store, self.resource_version = fresh, resource_version
+        self.lists += 1
         self._synced.set()
-        await self._notify([(name, fresh[name]) for name in changed] + [(name, None) for name in gone])
+        await self._notify([(name, None) for name in gone])
 
     async def _watch(self) -> None:
         async with self.shared.lease() as client:
@@ -238,8 +254,8 @@ class Informer:
             self.store.pop(name, None)
             await self._notify([(name, None)])
         else:
-            self.store[name] = slim(obj)
-            await self._notify([(name, self.store[name])])
+            self.store[name] = json.dumps(slim(obj))
+            await self._notify([(name, obj)])
 
     async def _notify(self, changes: list[tuple[str, dict[str, Any] | None]]) -> None:
         told = 0

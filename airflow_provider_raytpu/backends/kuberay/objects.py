@@ -47,9 +47,8 @@ T = TypeVar("T")
 def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (ApiException, AsyncApiException)):
         return exc.status in TRANSIENT_STATUS
-    return isinstance(
-        exc, (urllib3.exceptions.HTTPError, aiohttp.ClientConnectionError, ConnectionError, asyncio.TimeoutError)
-    )
+    return isinstance(exc, (urllib3.exceptions.HTTPError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                            ConnectionError, asyncio.TimeoutError))
 
 
 def api_retry(attempts: int = 6) -> Callable[[Callable[..., T]], Callable[..., T]]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from airflow_provider_raytpu.backends.kuberay.watch import collection_path, list_all
+from airflow_provider_raytpu.backends.kuberay.watch import collection_path, list_pages
 from airflow_provider_raytpu.backends.loop_shared import loop_shared
 
 if TYPE_CHECKING:
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 CLUSTER_LABEL = "ray.io/cluster"
 #: Cluster names in one label selector.
 CLUSTERS_PER_LIST = 100
+#: Readers handed their pods before other tasks get the loop.
+WAKE_PER_TURN = 100
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
@@ -32,6 +34,10 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     metadata = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "managedFields"}
     status = pod.get("status") or {}
     return {"metadata": metadata, "status": {"phase": status.get("phase"), "conditions": status.get("conditions") or []}}
+
+
+def _digest(pods: list[dict[str, Any]]) -> list[tuple[str | None, dict[str, Any]]]:
+    return [(((pod.get("metadata") or {}).get("labels") or {}).get(CLUSTER_LABEL), slim_pod(pod)) for pod in pods]
 
 
 class PodReader:
@@ -69,10 +75,14 @@ class PodReader:
                         if not future.done():
                             future.set_exception(exc)
                 continue
+            told = 0
             for name, futures in batch.items():
                 for future in futures:
                     if not future.done():
                         future.set_result(pods[name])
+                        told += 1
+                        if told % WAKE_PER_TURN == 0:  # a thousand readers do not all run in one turn
+                            await asyncio.sleep(0)
 
     async def _read(self, names: list[str]) -> dict[str, list[dict[str, Any]]]:
         found: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
@@ -80,17 +90,16 @@ class PodReader:
             chunk = names[start:start + CLUSTERS_PER_LIST]
             selector = f"{CLUSTER_LABEL}={chunk[0]}" if len(chunk) == 1 else f"{CLUSTER_LABEL} in ({','.join(chunk)})"
             try:
-                items, _ = await list_all(self.shared, self.path, [("labelSelector", selector)])
+                async for page, _ in list_pages(self.shared, self.path, [("labelSelector", selector)], digest=_digest):
+                    for name, pod in page:
+                        if name in found:
+                            found[name].append(pod)
             except ApiException as exc:
                 if exc.status != 403:
                     raise
                 log.warning("Cannot list pods in %s for per-slice detail: %s", self.namespace, exc.reason)
                 return found
             self.lists += 1
-            for pod in items:
-                name = ((pod.get("metadata") or {}).get("labels") or {}).get(CLUSTER_LABEL)
-                if name in found:
-                    found[name].append(slim_pod(pod))
         return found
 
 

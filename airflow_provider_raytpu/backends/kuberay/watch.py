@@ -9,13 +9,17 @@ one JSON event per line, as the API server sends them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.client.rest import RESTResponse
+
+from airflow_provider_raytpu.backends.kuberay.objects import api_retry
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s_async
@@ -30,6 +34,26 @@ EVENTS_PER_TURN = 50
 WATCH_READ_TIMEOUT = 300.0
 
 Query = Sequence[tuple[str, str]]
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for one synchronous burst of parsing.
+
+    A page of a few hundred objects is tens of thousands of containers, acyclic and freed by
+    reference counting once digested; a collection in the middle of the burst would only move
+    them to the oldest generation, and enough of them there set off a full collection, which
+    stops the triggerer's loop for as long as it takes to walk the whole heap (Airflow's
+    included: 150-250 ms here).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def collection_path(namespace: str, plural: str, group: str = "", version: str = "v1") -> str:
@@ -54,28 +78,37 @@ async def _open(client: k8s_async.ApiClient, path: str, query: Query,
     return response
 
 
-async def get_json(client: k8s_async.ApiClient, path: str, query: Query = (), timeout: float = 60.0) -> Any:
-    """One GET answered with JSON (a non-2xx answer raises ``ApiException``, as the generated clients do)."""
+async def get_json(client: k8s_async.ApiClient, path: str, query: Query = (), timeout: float = 60.0,
+                   parse: Callable[[bytes], Any] = json.loads) -> Any:
+    """One GET answered with JSON, ``parse``\ d with the garbage collector paused (a non-2xx answer
+    raises ``ApiException``, as the generated clients do)."""
     response = await _open(client, path, query, timeout)
     try:
         body = await response.read()
     finally:
         response.release()
-    return json.loads(body)
+    with collector_paused():
+        return parse(body)
 
 
-async def list_all(shared: SharedApiClient, path: str, query: Query = ()) -> tuple[list[dict[str, Any]], str]:
-    """Every object of a collection, :data:`LIST_PAGE` at a time, and the list's resourceVersion."""
-    items: list[dict[str, Any]] = []
+async def list_pages(shared: SharedApiClient, path: str, query: Query = (),
+                     digest: Callable[[list[dict[str, Any]]], T] = list) -> AsyncIterator[tuple[T, str | None]]:
+    """The objects of a collection, :data:`LIST_PAGE` at a time, each page passed through ``digest``
+    right after parsing (the parsed page is not kept); the last page comes with the list's
+    resourceVersion. Transient failures are retried, as for every other read."""
     token: str | None = None
+
+    def parse(body: bytes) -> tuple[T, dict[str, Any]]:
+        answer = json.loads(body)
+        return digest(answer.get("items") or []), answer.get("metadata") or {}
+
     while True:
         page = [*query, ("limit", str(LIST_PAGE)), *((("continue", token),) if token else ())]
-        answer = await shared.call(lambda client: get_json(client, path, page))
-        items.extend(answer.get("items") or [])
-        metadata = answer.get("metadata") or {}
+        digested, metadata = await api_retry()(shared.call)(lambda client: get_json(client, path, page, parse=parse))
         token = metadata.get("continue")
+        yield digested, None if token else str(metadata.get("resourceVersion") or "")
         if not token:
-            return items, str(metadata.get("resourceVersion") or "")
+            return
         await asyncio.sleep(0)
 
 
