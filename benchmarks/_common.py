@@ -235,9 +235,11 @@ class Result:
             row["note"] = note
         self.data["summary"].append(row)
 
-    def goal(self, goal: str, measured: str, met: bool | None, how: str = "measured") -> None:
-        """One row of the goal table: the goal, what was measured, whether it is met."""
-        self.data.setdefault("goals", []).append({"goal": goal, "measured": measured, "met": met, "how": how})
+    def goal(self, goal: str, checks: Sequence[tuple[str, float | None, float, str]], note: str = "",
+             how: str = "measured") -> None:
+        """One row of the goal table: each check is ``(what, value, limit, unit)``, met when value <= limit."""
+        self.data.setdefault("goals", []).append(
+            {"goal": goal, "checks": [list(c) for c in checks], "note": note, "how": how})
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.data[key] = value
@@ -323,3 +325,18 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
         if n == 0:
             print("  " + "  ".join("-" * w for w in widths))
+
+
+def goal_text(goal: dict[str, Any]) -> tuple[str, bool | None]:
+    """What a goal row measured, and whether it is met."""
+    parts, met = [], True
+    for what, value, limit, unit in goal["checks"]:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            parts.append(f"{what}: -")
+            met = None if met else met
+            continue
+        parts.append(f"{what} {fmt(float(value))}{(' ' + unit) if unit else ''}")
+        if met is not None:
+            met = met and float(value) <= limit
+    text = ", ".join(parts) + (f" ({goal['note']})" if goal.get("note") else "")
+    return text, met

@@ -163,14 +163,15 @@ def main() -> None:
     for n, bound in ((10, 0.2), (100, 0.05)):
         if n in runs:
             o = runs[n]["ours"]
-            worst = max(o["first_hour_per_sensor"], o["later_hour_per_sensor"])
             result.goal(f"<= {bound} API requests per sensor-hour at {n} sensors",
-                        f"{o['first_hour_per_sensor']:.3f} in the first hour, {o['later_hour_per_sensor']:.3f} later",
-                        worst <= bound + 1e-9, how="derived")
+                        [("first hour", o["first_hour_per_sensor"], bound, ""),
+                         ("later hours", o["later_hour_per_sensor"], bound, "")],
+                        how="derived (measured counts, the one-hour watch period)")
     path = result.write()
     result.print_table()
     for g in result.data.get("goals", []):
-        print(f"  goal: {g['goal']}: {g['measured']} -> {'met' if g['met'] else 'NOT met'}")
+        text, met = _common.goal_text(g)
+        print(f"  goal: {g['goal']}: {text} -> {'met' if met else 'NOT met'}")
     print(f"  -> {path.relative_to(_common.REPO)}")
 
 

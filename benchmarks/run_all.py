@@ -40,15 +40,64 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
 }
 
 
-def run(name: str, extra: list[str]) -> dict[str, Any]:
+def run(name: str, extra: list[str], repeat: int = 1) -> dict[str, Any]:
+    """Run one benchmark ``repeat`` times; with repeats, its result file holds the medians (see :func:`merge`)."""
     script = _common.BENCH_DIR / f"{name}.py"
-    print(f"\n=== {name}: {' '.join(['.venv/bin/python', f'benchmarks/{name}.py', *extra])}", flush=True)
-    started = time.time()
-    proc = subprocess.run([_common.PYTHON, str(script), *extra], cwd=str(_common.REPO))
-    took = time.time() - started
     path = _common.RESULTS / f"{name}.json"
+    started = time.time()
+    returncode, kept = 0, []
+    for k in range(repeat):
+        print(f"\n=== {name} ({k + 1}/{repeat}): {' '.join(['.venv/bin/python', f'benchmarks/{name}.py', *extra])}",
+              flush=True)
+        t0 = time.time()
+        proc = subprocess.run([_common.PYTHON, str(script), *extra], cwd=str(_common.REPO))
+        returncode = returncode or proc.returncode
+        if path.exists() and path.stat().st_mtime >= t0:
+            copy = _common.RESULTS / f"{name}.run{k + 1}.json"
+            copy.write_text(path.read_text())
+            kept.append(copy)
+    if repeat > 1 and kept:
+        merge(path, kept)
+    took = time.time() - started
     fresh = path.exists() and path.stat().st_mtime >= started
-    return {"name": name, "returncode": proc.returncode, "seconds": took, "fresh_result": fresh}
+    return {"name": name, "returncode": returncode, "seconds": took, "fresh_result": fresh}
+
+
+def _median(values: list[Any]) -> Any:
+    import statistics
+
+    numbers = [v for v in values if isinstance(v, (int, float)) and v == v]
+    return statistics.median(numbers) if numbers else None
+
+
+def merge(path: Any, runs: list[Any]) -> None:
+    """One result from repeated runs: every summary figure and goal value is the median of the runs
+    (each run's own figures stay in ``runs``, and in ``<name>.run<k>.json``)."""
+    datas = [json.loads(p.read_text()) for p in runs]
+    merged = dict(datas[0])
+    merged["repeats"] = len(datas)
+    merged["runs_started_at"] = [d.get("started_at") for d in datas]
+    merged["runs_load_average"] = [(d.get("machine") or {}).get("load_average") for d in datas]
+    merged["duration_seconds"] = sum(d.get("duration_seconds") or 0 for d in datas)
+    rows = []
+    for i, row in enumerate(datas[0].get("summary", [])):
+        same = [d["summary"][i] for d in datas if len(d.get("summary", [])) > i
+                and d["summary"][i]["metric"] == row["metric"]]
+        ours, base = _median([r["ours"] for r in same]), _median([r["baseline"] for r in same])
+        rows.append({**row, "ours": ours, "baseline": base, "ratio": _common.ratio(ours, base),
+                     "how": f"{row['how']}; median of {len(same)} runs",
+                     "runs": [[r["ours"], r["baseline"]] for r in same]})
+    merged["summary"] = rows
+    goals = []
+    for i, goal in enumerate(datas[0].get("goals", [])):
+        same = [d["goals"][i] for d in datas if len(d.get("goals", [])) > i and d["goals"][i]["goal"] == goal["goal"]]
+        checks = []
+        for j, (what, _, limit, unit) in enumerate(goal["checks"]):
+            checks.append([what, _median([g["checks"][j][1] for g in same]), limit, unit])
+        goals.append({**goal, "checks": checks, "how": f"{goal['how']}; median of {len(same)} runs",
+                      "runs": [[c[1] for c in g["checks"]] for g in same]})
+    merged["goals"] = goals
+    path.write_text(json.dumps(merged, indent=2) + "\n")
 
 
 def load(name: str) -> dict[str, Any] | None:
@@ -116,8 +165,11 @@ def write_doc(machine: dict[str, Any], command: str, ran: list[dict[str, Any]], 
         m = data.get("machine", {})
         when = "this run" if ran_now and ran_now["fresh_result"] else f"an earlier run ({data.get('started_at')})"
         took = f", took {data['duration_seconds']:.0f} s" if data.get("duration_seconds") is not None else ""
-        notes.append(f"- **{name}** — {what}. `{data.get('command')}`; {when}{took}; load average at its start "
-                     f"{(m.get('load_average') or ['?'])[0]}.")
+        loads = data.get("runs_load_average")
+        load_text = (f"{data['repeats']} runs, medians reported; 1-min load average at their starts "
+                     + ", ".join(str((la or ['?'])[0]) for la in loads)) if loads else \
+            f"load average at its start {(m.get('load_average') or ['?'])[0]}"
+        notes.append(f"- **{name}** — {what}. `{data.get('command')}`; {when}{took}; {load_text}.")
     lines += ["", *_goals(), "## Commands and load per benchmark", "", *notes, ""]
     findings = _findings()
     if findings:
@@ -132,8 +184,14 @@ def _goals() -> list[str]:
     for name in BENCHMARKS:
         data = load(name) or {}
         for goal in data.get("goals", []):
-            met = {True: "met", False: "**not met**", None: "-"}[goal["met"]]
-            rows.append(f"| {md_escape(goal['goal'])} | {md_escape(goal['measured'])} | {met} | {goal['how']} | "
+            if "checks" not in goal:  # a result file older than the goal table
+                continue
+            text, met = _common.goal_text(goal)
+            verdict = {True: "met", False: "**not met**", None: "-"}[met]
+            runs = goal.get("runs")
+            if runs:
+                text += "; runs: " + ", ".join("/".join(_common.fmt(v) for v in r) for r in runs)
+            rows.append(f"| {md_escape(goal['goal'])} | {md_escape(text)} | {verdict} | {md_escape(goal['how'])} | "
                         f"`{data.get('command')}` |")
     if not rows:
         return []
@@ -186,6 +244,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated benchmarks to run (default: all)")
     parser.add_argument("--skip", default="", help="comma-separated benchmarks to leave out")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the scripts work, figures are rough")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each benchmark; the figures are their medians")
     parser.add_argument("--doc-only", action="store_true",
                         help="run nothing: write docs/benchmarks.md from the latest result files")
     args = parser.parse_args()
@@ -199,7 +258,7 @@ def main() -> None:
     command = _common.command_line()
     started = time.time()
     print(f"{len(names)} benchmarks on {machine['cores']} cores, load average {machine['load_average']}", flush=True)
-    ran = [] if args.doc_only else [run(n, BENCHMARKS[n][1] if args.quick else []) for n in names]
+    ran = [] if args.doc_only else [run(n, BENCHMARKS[n][1] if args.quick else [], args.repeat) for n in names]
     write_doc(machine, command, ran, started)
     print(f"\nwrote {DOC.relative_to(_common.REPO)}")
     _common.print_table(["benchmark", "exit", "seconds", "result"],
