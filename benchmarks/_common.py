@@ -258,6 +258,15 @@ class Result:
         path.write_text(json.dumps(self.data, indent=2, default=_jsonable) + "\n")
         return path
 
+    def finish(self) -> None:
+        """Write the result file and print the table and the goals."""
+        path = self.write()
+        self.print_table()
+        for goal in self.data.get("goals", []):
+            text, met = goal_text(goal)
+            print(f"  goal: {goal['goal']}: {text} -> {'met' if met else 'NOT met'}")
+        print(f"  -> {path.relative_to(REPO)}")
+
     def print_table(self) -> None:
         print(f"\n{self.name}  ({self.data['machine']['cores']} cores, load "
               f"{self.data['machine']['load_average'][0]} at start)")

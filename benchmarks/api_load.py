@@ -167,12 +167,7 @@ def main() -> None:
                         [("first hour", o["first_hour_per_sensor"], bound, ""),
                          ("later hours", o["later_hour_per_sensor"], bound, "")],
                         how="derived (measured counts, the one-hour watch period)")
-    path = result.write()
-    result.print_table()
-    for g in result.data.get("goals", []):
-        text, met = _common.goal_text(g)
-        print(f"  goal: {g['goal']}: {text} -> {'met' if met else 'NOT met'}")
-    print(f"  -> {path.relative_to(_common.REPO)}")
+    result.finish()
 
 
 if __name__ == "__main__":

@@ -236,12 +236,7 @@ def main() -> None:
                 [("bytes on the wire / log size", lo["wire_over_log"], 1.5, "x"),
                  ("lines not written exactly once in order", 0.0 if lo["each_line_once_in_order"] else 1.0, 0, "")],
                 note="TLS, HTTP and WebSocket framing included")
-    path = result.write()
-    result.print_table()
-    for g in result.data.get("goals", []):
-        text, met = _common.goal_text(g)
-        print(f"  goal: {g['goal']}: {text} -> {'met' if met else 'NOT met'}")
-    print(f"  -> {path.relative_to(_common.REPO)}")
+    result.finish()
 
 
 if __name__ == "__main__":

@@ -289,12 +289,7 @@ def main() -> None:
         "not measured here: the triggerer's supervisor process, its database polling and the writing of each "
         "trigger's log lines to its task's log (a real triggerer does these for every trigger alike)",
     ]
-    path = result.write()
-    result.print_table()
-    for g in result.data.get("goals", []):
-        text, met = _common.goal_text(g)
-        print(f"  goal: {g['goal']}: {text} -> {'met' if met else 'NOT met'}")
-    print(f"  -> {path.relative_to(_common.REPO)}")
+    result.finish()
 
 
 if __name__ == "__main__":

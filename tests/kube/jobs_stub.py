@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from tests.kube.threaded_app import ThreadedApp
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -37,19 +38,16 @@ class StubJob:
                 "message": self.message, "entrypoint": "python job.py", "metadata": {}}
 
 
-class JobsStub:
+class JobsStub(ThreadedApp):
     """An aiohttp server on 127.0.0.1 in its own thread with the Jobs API of any number of clusters."""
 
     def __init__(self, tail_sleep: float = 0.05) -> None:
+        super().__init__()
         self.tail_sleep = tail_sleep
         self.jobs: dict[str, dict[str, StubJob]] = collections.defaultdict(dict)
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self.tail_bytes = 0
         self._tails: set[web.WebSocketResponse] = set()
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
-        self.port = 0
 
     # -- what a test does ------------------------------------------------------------------------
 
@@ -163,41 +161,9 @@ class JobsStub:
         await ws.close()
         return ws
 
-    # -- lifecycle ---------------------------------------------------------------------------------
-
-    async def _start(self) -> None:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_get("/{cluster}/api/jobs/", self._list)
         app.router.add_get("/{cluster}/api/jobs/{id}", self._get)
         app.router.add_get("/{cluster}/api/jobs/{id}/logs", self._logs)
         app.router.add_get("/{cluster}/api/jobs/{id}/logs/tail", self._tail)
         app.router.add_post("/{cluster}/api/jobs/{id}/stop", self._stop)
-        self._runner = web.AppRunner(app, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    def __enter__(self) -> JobsStub:
-        started = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(self._start())
-            started.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name="jobs-stub", daemon=True)
-        self._thread.start()
-        started.wait(10)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        async def stop() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        assert self._thread is not None
-        self._thread.join(10)
