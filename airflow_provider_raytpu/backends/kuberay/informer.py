@@ -51,7 +51,6 @@ BACKOFF_CAP_SECONDS = 30.0
 NOTIFY_PER_TURN = 100
 
 
-
 class Subscription:
     """One waiter's view of one object: its latest version, handed out once per change.
 
@@ -161,8 +160,9 @@ class Informer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            self.store.clear()
-            self.resource_version = None
+            if self._task is None:  # no new subscriber started it again meanwhile
+                self.store.clear()
+                self.resource_version = None
 
     # -- list and watch -----------------------------------------------------------------------
 
