@@ -68,15 +68,20 @@ class CncfPollingTrigger:
             await asyncio.sleep(self.interval)
 
 
-def lag_figures(samples: list[tuple[float, float]], start: float, end: float) -> dict[str, float]:
-    """Lag of the ticks woken in [start, end]: max, p99 and median (ms), and the share of the time in stalls > 100 ms."""
+def lag_figures(samples: list[tuple[float, float]], start: float, end: float,
+                gc_pauses: list[tuple[float, float, int]] = ()) -> dict[str, float]:
+    """Lag of the ticks woken in [start, end]: max, p99 and median (ms), the share of the time in stalls
+    > 100 ms, and the longest garbage collection and the full ones in that time."""
     lags = [lag for at, lag in samples if start <= at <= end]
     if not lags:
         return {"n": 0}
     stats = _common.describe(lags)
+    pauses = [(d, g) for at, d, g in gc_pauses if start <= at <= end]
     return {"n": len(lags), "max_ms": stats["max"] * 1000, "p99_ms": stats["p99"] * 1000,
             "median_ms": stats["median"] * 1000,
-            "blocked_over_100ms_share": sum(lag for lag in lags if lag > STALL) / max(1e-9, end - start)}
+            "blocked_over_100ms_share": sum(lag for lag in lags if lag > STALL) / max(1e-9, end - start),
+            "gc_max_ms": max((d for d, _ in pauses), default=0.0) * 1000,
+            "gc_full_collections": sum(1 for _, g in pauses if g == 2)}
 
 
 class Triggerer:
@@ -152,11 +157,7 @@ class Triggerer:
                 conn.send({"rss": self.proc.memory_info().rss, "cpu_seconds": self.cpu(), "time": time.time(),
                            "open_fds": self.proc.num_fds()})
             elif cmd == "lag":
-                figures = lag_figures(self.samples, rest[0], rest[1])
-                pauses = [(d, g) for at, d, g in self.gc_pauses if rest[0] <= at <= rest[1]]
-                figures["gc_max_ms"] = max((d for d, _ in pauses), default=0.0) * 1000
-                figures["gc_full_collections"] = sum(1 for _, g in pauses if g == 2)
-                conn.send(figures)
+                conn.send(lag_figures(self.samples, rest[0], rest[1], self.gc_pauses))
             elif cmd == "wait_all":
                 deadline = time.monotonic() + rest[0]
                 while len(self.fired) + len(self.errors) < self.clusters and time.monotonic() < deadline:

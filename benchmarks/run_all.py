@@ -30,6 +30,8 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "triggerer_capacity": ("one triggerer process with 200 / 1000 RayCluster sensors over TLS (and HTTP): ours vs the "
                            "cncf KubernetesJobTrigger pattern",
                            ["--sizes", "50", "--steady", "3", "--http-sizes", "50", "--restart-sizes", "50"]),
+    "triggerer_runner": ("1000 RayCluster sensors in Airflow's own (forked) trigger runner: memory, loop stalls, "
+                         "reactions", ["--sensors", "50", "--steady", "3", "--alone", "3"]),
     "job_load": ("200 job sensors on 10 clusters and a 100k-line job log: ours vs per-job polling",
                  ["--jobs", "20", "--clusters", "2", "--window", "4", "--lines", "10000", "--log-seconds", "3"]),
     "dag_parse": ("parse time of each example DAG vs a bare airflow.sdk DAG of the same shape", ["--runs", "1"]),
