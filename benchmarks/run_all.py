@@ -32,6 +32,9 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
                            ["--sizes", "50", "--steady", "3", "--http-sizes", "50", "--restart-sizes", "50"]),
     "triggerer_runner": ("1000 RayCluster sensors in Airflow's own (forked) trigger runner: memory, loop stalls, "
                          "reactions", ["--sensors", "50", "--steady", "3", "--alone", "3"]),
+    "triggerer_runner_frozen": ("the same with gc.freeze() in the supervisor before it forks the runner (what "
+                                "Airflow's LocalExecutor and DAG processor do; the triggerer does not)",
+                                ["--sensors", "50", "--steady", "3", "--alone", "3"]),
     "job_load": ("200 job sensors on 10 clusters and a 100k-line job log: ours vs per-job polling",
                  ["--jobs", "20", "--clusters", "2", "--window", "4", "--lines", "10000", "--log-seconds", "3"]),
     "dag_parse": ("parse time of each example DAG vs a bare airflow.sdk DAG of the same shape", ["--runs", "1"]),
@@ -42,14 +45,20 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
 }
 
 
+# Benchmarks that are another script run with fixed arguments.
+SCRIPTS: dict[str, tuple[str, list[str]]] = {"triggerer_runner_frozen": ("triggerer_runner", ["--freeze-before-fork"])}
+
+
 def run(name: str, extra: list[str], repeat: int = 1) -> dict[str, Any]:
     """Run one benchmark ``repeat`` times; with repeats, its result file holds the medians (see :func:`merge`)."""
-    script = _common.BENCH_DIR / f"{name}.py"
+    script_name, fixed = SCRIPTS.get(name, (name, []))
+    script = _common.BENCH_DIR / f"{script_name}.py"
+    extra = [*fixed, *extra]
     path = _common.RESULTS / f"{name}.json"
     started = time.time()
     returncode, kept = 0, []
     for k in range(repeat):
-        print(f"\n=== {name} ({k + 1}/{repeat}): {' '.join(['.venv/bin/python', f'benchmarks/{name}.py', *extra])}",
+        print(f"\n=== {name} ({k + 1}/{repeat}): {' '.join(['.venv/bin/python', f'benchmarks/{script_name}.py', *extra])}",
               flush=True)
         t0 = time.time()
         proc = subprocess.run([_common.PYTHON, str(script), *extra], cwd=str(_common.REPO))

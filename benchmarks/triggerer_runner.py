@@ -130,6 +130,8 @@ def main() -> None:
     parser.add_argument("--steady", type=float, default=20.0)
     parser.add_argument("--alone", type=float, default=30.0, help="seconds of the runner with only the probe")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--freeze-before-fork", action="store_true",
+                        help="gc.freeze() in the supervisor before it forks the runner (not what the triggerer does)")
     args = parser.parse_args()
     _common.quiet_logs()
     _common.raise_fd_limit()
@@ -149,11 +151,15 @@ def main() -> None:
         s_parent.send(msg)
         return s_parent.recv()
 
-    result = _common.Result("triggerer_runner", {**vars(args), "transport": "tls", "runner": "Airflow's "
+    result = _common.Result("triggerer_runner_frozen" if args.freeze_before_fork else "triggerer_runner", {**vars(args), "transport": "tls", "runner": "Airflow's "
                             "TriggerRunnerSupervisor (database calls replaced) forking its TriggerRunner"})
     work = Path(tempfile.mkdtemp(prefix="raytpu-bench-runner-"))
     logs, stop_file = work / "logs", work / "stop"
     logs.mkdir()
+    if args.freeze_before_fork:  # what Airflow's LocalExecutor and DAG processor do before they fork
+        import gc
+
+        gc.freeze()
     supervisor = supervisor_class().start(job=None, capacity=args.sensors + 10)
     try:
         runner = psutil.Process(supervisor.pid)
@@ -215,7 +221,8 @@ def main() -> None:
     run["phase_starts"] = {"handover": 0.0, "steady": t_steady - t_start, "rewatch": t_end - t_start,
                            "flip": flip - t_start, "fired": t_fired - t_start}
     result["run"] = run
-    tag = f"{args.sensors} sensors in Airflow's trigger runner, TLS"
+    tag = f"{args.sensors} sensors in Airflow's trigger runner, TLS" + (
+        ", gc.freeze() before the fork" if args.freeze_before_fork else "")
     result.add(f"{tag}: runner process RSS", run["rss_mib"], None, "MiB", baseline_name="")
     result.add(f"{tag}: runner floor (only the probe trigger)", run["floor_rss_mib"], None, "MiB", baseline_name="")
     result.add(f"{tag}: RSS per sensor above the floor", run["rss_per_sensor_kib"], None, "KiB", baseline_name="")
