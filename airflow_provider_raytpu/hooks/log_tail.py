@@ -89,7 +89,12 @@ class LogTail:
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except TimeoutError:
             await self._stop()
-            await self._read_whole()
+            try:
+                await self._read_whole()
+            except Exception as exc:  # the job's end is known; only its last lines are missing
+                log.warning("The end of job %s's log could not be read: %s", self.submission_id, exc)
+        except Exception as exc:
+            log.warning("The end of job %s's log could not be read: %s", self.submission_id, exc)
 
     async def _stop(self) -> None:
         if self._task is not None:
