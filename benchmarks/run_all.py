@@ -125,8 +125,27 @@ def md_escape(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
+def kept_from_doc() -> dict[str, dict[str, list[str]]]:
+    """Per benchmark, its table rows, command note and findings in the current docs/benchmarks.md: result
+    files are not committed, so a benchmark without one here keeps the figures the doc has."""
+    kept: dict[str, dict[str, list[str]]] = {name: {"rows": [], "notes": [], "findings": []} for name in BENCHMARKS}
+    if not DOC.exists():
+        return kept
+    for line in DOC.read_text().splitlines():
+        for name in BENCHMARKS:
+            if line.startswith(f"| {name} | "):
+                kept[name]["rows"].append(line)
+            elif line.startswith(f"- **{name}** "):
+                kept[name]["notes"].append(line.replace("; this run, ", "; an earlier run, "))
+            elif line.startswith((f"- {name} ", f"- {name}, ", f"- {name}:")):
+                kept[name]["findings"].append(line)
+    return kept
+
+
 def write_doc(machine: dict[str, Any], command: str, ran: list[dict[str, Any]], started: float) -> None:
     outcome = {r["name"]: r for r in ran}
+    kept = kept_from_doc()
+    kept_findings: list[str] = []
     load_avg = machine["load_average"]
     lines = [
         "# Benchmarks",
@@ -155,6 +174,11 @@ def write_doc(machine: dict[str, Any], command: str, ran: list[dict[str, Any]], 
         data = load(name)
         ran_now = outcome.get(name)
         if data is None:
+            if kept[name]["rows"]:
+                lines += kept[name]["rows"]
+                notes += kept[name]["notes"]
+                kept_findings += kept[name]["findings"]
+                continue
             status = "failed" if ran_now else "not run"
             lines.append(f"| {name} | *{status}: no result* | | | | | |")
             continue
@@ -182,7 +206,7 @@ def write_doc(machine: dict[str, Any], command: str, ran: list[dict[str, Any]], 
             f"load average at its start {(m.get('load_average') or ['?'])[0]}"
         notes.append(f"- **{name}** — {what}. `{data.get('command')}`; {when}{took}; {load_text}.")
     lines += ["", *_goals(), "## Commands and load per benchmark", "", *notes, ""]
-    findings = _findings()
+    findings = _findings() + kept_findings
     if findings:
         lines += ["## Notes from the figures", "", *findings, ""]
     DOC.parent.mkdir(parents=True, exist_ok=True)
