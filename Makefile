@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: install demo test test-full docs test-unit test-kube test-k8s test-ray k8s-binaries bench constraints clean
+.PHONY: install demo test test-full docs test-unit test-kube test-k8s test-ray test-deploy k8s-binaries bench constraints clean
 
 install: $(STAMP)
 
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(PY) example_dags/demo/run.py
 
-test: install k8s-binaries docs test-unit test-kube test-k8s test-ray
+test: install k8s-binaries docs test-unit test-kube test-k8s test-ray test-deploy
 
 # `make test` and what it leaves out for CI's budget: nightly_embeddings on the real operator
 # (tests/k8s/test_example_dags.py, about 3.5 min more).
@@ -52,6 +52,11 @@ test-k8s: install k8s-binaries
 # Real Ray: the local backend, Ray jobs, Serve, Ray Data and JaxTrainer on emulated TPU slices.
 test-ray: install
 	$(PYTEST) tests/local tests/workloads -q
+
+# A real Airflow deployment: api-server, scheduler, dag-processor and triggerer as separate processes
+# (LocalExecutor on SQLite, a private AIRFLOW_HOME), the local backend, driven only through the REST API.
+test-deploy: install
+	$(PYTEST) tests/deployment -q
 
 # Benchmarks against the existing tools (not part of `make test`); writes docs/benchmarks.md.
 bench: install
