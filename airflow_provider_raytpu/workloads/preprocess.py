@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -170,13 +171,23 @@ def parse_args(argv: Sequence[str] | None = None) -> PreprocessSpec:
     )
 
 
-def _missing_column(error: BaseException) -> KeyError | None:
-    """The ``KeyError`` a transform raised on a batch (a column it needs is missing), wrapped or not."""
-    while error is not None:
-        if isinstance(error, KeyError):
-            return error
-        error = error.__cause__ or getattr(error, "cause", None)
-    return None
+_REMOTE_KEY_ERROR = re.compile(r"^\s*KeyError: (.+)$", re.MULTILINE)
+
+
+def _missing_column(error: BaseException) -> str | None:
+    """The column a transform asked for and the batch did not have (its ``KeyError``), or None.
+
+    A transform's exception reaches the driver pickled inside Ray's ``RayTaskError``, and pickling
+    drops ``__cause__``: the ``KeyError`` then survives only in the task's traceback, which the
+    error's text renders (``RayTaskError.__str__`` in ray/exceptions.py).
+    """
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, KeyError):
+            return str(cause)
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    remote = _REMOTE_KEY_ERROR.search(str(error))
+    return remote.group(1) if remote else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
