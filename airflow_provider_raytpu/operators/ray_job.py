@@ -226,6 +226,8 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
             if event["status"] != Phase.READY.value:
                 self._not_ready(event.get("cluster") and ClusterStatus.from_dict(event["cluster"]),
                                 event.get("diagnosis", ""))
+            self.log.info("RayCluster %s/%s is ready: %s", self.jobs.namespace, self.jobs.cluster_name,
+                          (event.get("cluster") or {}).get("message", ""))
             return self._run(context)
 
     def _wait_until_ready(self) -> None:

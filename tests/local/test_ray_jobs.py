@@ -345,7 +345,8 @@ def test_a_job_waits_for_a_cluster_that_is_not_ready_yet(airflow_home: Path, clu
     assert outcome["job"].try_number == 1 and outcome["job"].result == {"tpu_chips": 8.0}
     name = outcome["create"].result["cluster_name"]
     assert outcome["create"].result["dashboard_url"].startswith("http://127.0.0.1:")
-    log = capfd.readouterr().out
+    captured = capfd.readouterr()
+    log = captured.out + captured.err
     assert f"RayCluster default/{name} is not ready yet" in log and f"RayCluster default/{name} is ready" in log
     assert outcome["delete"].result["cluster_names"] == [name]
     assert local_backend.get_cluster(name, "default") is None
