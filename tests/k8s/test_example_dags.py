@@ -24,7 +24,8 @@ In file order, on one namespace:
    slice, the raylets rejoin, Ray Train resumes from the newest checkpoint and ends on the reference's
    loss within 1e-6. Then the RayService is promoted to the new checkpoint (v2) through KubeRay's
    NewCluster upgrade (a second real serving cluster) while a request loop goes through the API
-   server's service proxy: no request fails and the answers switch from v1 to v2, once.
+   server's service proxy: no request fails and the answers switch from v1 to v2, once. Only with
+   ``RAYTPU_K8S_FULL=1`` (about 9 minutes on this machine); the local tier covers both paths in ``make test``.
 4. Deleting the RayService leaves no pod, and no pod network behind.
 
 Needs pod networks (CAP_NET_ADMIN): without, the module skips (single-head mode, test_ray_head.py).
@@ -330,6 +331,8 @@ class RequestLoop:
         self._thread.join(60)
 
 
+@pytest.mark.skipif(os.environ.get("RAYTPU_K8S_FULL") != "1",
+                    reason="outside CI's budget (about 9 min): `make test-full` (RAYTPU_K8S_FULL=1) runs it")
 def test_preempted_host_resumes_and_promotion_to_v2_fails_no_request(
         airflow_home: Path, cp: ControlPlane, pools: Pools, first_run: dict[str, TaskOutcome], gcs: FakeGcsServer,
         namespace: str, capsys: pytest.CaptureFixture[str]) -> None:
