@@ -26,6 +26,11 @@ TPU_RESOURCE = "google.com/tpu"
 _SINGLE_HOST_TOPOLOGIES = ("1x1", "2x2", "2x4")
 
 
+def plural(count: int, noun: str) -> str:
+    """``"1 host"``, ``"2 hosts"``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def _larger_3d_topologies(max_x: int, max_y: int, max_z: int) -> frozenset[str]:
     step = CHIPS_PER_HOST
     return frozenset(
@@ -344,11 +349,12 @@ class TpuSlice:
 
     def describe(self) -> str:
         """One line for logs: ``v6e 4x4 x 2 slices (4 hosts x 4 chips each, 32 chips)``."""
-        slices = "1 slice" if self.num_slices == 1 else f"{self.num_slices} slices"
+        slices = plural(self.num_slices, "slice")
         spot = ", spot" if self.spot else ""
         return (
             f"{self.accelerator} {self.topology} x {slices} "
-            f"({self.hosts_per_slice} hosts x {self.host_chips} chips each, {self.total_chips} chips{spot})"
+            f"({plural(self.hosts_per_slice, 'host')} x {plural(self.host_chips, 'chip')} each, "
+            f"{plural(self.total_chips, 'chip')}{spot})"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -5,9 +5,10 @@ DAG files live in the test Airflow home's dags folder, as in a deployment.
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,68 @@ def ensure_airflow_db() -> None:
 
 @dataclass
 class TaskOutcome:
+    """A task's state, try, return value and links (as the API server answers them) after a run."""
+
     state: str
     try_number: int
     result: Any
+    links: dict[str, str | None] = field(default_factory=dict)
+    ti_id: str = ""
+
+
+# How Airflow's serde tags what JSON cannot hold (a tuple, a datetime, ...): a plain XCom has none.
+SERDE_TAGS = ("__classname__", "__type", "__var", "__data__")
+
+
+def not_plain(value: Any, where: str = "") -> list[str]:
+    """Where an XCom value, as stored, is not plain JSON (lists, dicts, strings, numbers, booleans, null)."""
+    if isinstance(value, dict):
+        found = [f"{where} has serde tag {key!r}" for key in value if key in SERDE_TAGS]
+        for key, item in value.items():
+            found += not_plain(item, f"{where}.{key}")
+        return found
+    if isinstance(value, list):
+        return [problem for i, item in enumerate(value) for problem in not_plain(item, f"{where}[{i}]")]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return []
+    return [f"{where} is a {type(value).__name__}"]
+
+
+def run_xcoms(run: Any) -> dict[tuple[str, str], Any]:
+    """Every XCom of the run as stored, by (task id, key): return values and link values."""
+    from sqlalchemy import select
+
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.execute(
+            select(XComModel.task_id, XComModel.key, XComModel.value).where(
+                XComModel.dag_id == run.dag_id, XComModel.run_id == run.run_id
+            )
+        ).all()
+    return {(task, key): _stored(value) for task, key, value in rows}
+
+
+def _stored(value: Any) -> Any:
+    """An XCom column value: Airflow stores the serialised JSON text (a link's URL may be a bare string)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def task_links(run: Any, task_id: str, map_index: int = -1) -> dict[str, str | None]:
+    """A task's links as the API server answers ``GET .../taskInstances/{task_id}/links`` (its own route function)."""
+    from airflow.api_fastapi.core_api.routes.public.extra_links import get_extra_links
+    from airflow.models.dagbag import DBDagBag
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        answer = get_extra_links(run.dag_id, run.run_id, task_id, session, DBDagBag(), map_index=map_index)
+    return dict(answer.extra_links)
 
 
 def write_dag(airflow_home: Path, source: str, dag_id: str) -> Path:
@@ -46,9 +106,19 @@ def load_dag(path: Path, dag_id: str) -> Any:
     return bag.dags[dag_id]
 
 
+def task_instances(outcome: dict[str, TaskOutcome]) -> dict[str, str]:
+    """Task instance id -> task id, to find each task's log in ``dag.test()``'s output (``tests.task_logs``)."""
+    return {o.ti_id: task for task, o in outcome.items()}
+
+
 def outcomes(run: Any) -> dict[str, TaskOutcome]:
+    """Each task's outcome; fails when any XCom of the run (every task's return value and links,
+    in every test that runs a DAG) is not plain JSON."""
+    tagged = [problem for (task, key), value in run_xcoms(run).items() for problem in not_plain(value, f"{task}:{key}")]
+    assert not tagged, f"XComs that are not plain JSON: {tagged}"
     return {
-        ti.task_id: TaskOutcome(str(ti.state), ti.try_number, ti.xcom_pull(task_ids=ti.task_id))
+        ti.task_id: TaskOutcome(str(ti.state), ti.try_number, ti.xcom_pull(task_ids=ti.task_id),
+                                task_links(run, ti.task_id, ti.map_index), str(ti.id))
         for ti in run.get_task_instances()
     }
 

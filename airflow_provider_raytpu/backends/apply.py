@@ -30,6 +30,7 @@ from airflow_provider_raytpu.manifests.raycluster import (
     SPEC_HASH_ANNOTATION,
     TASK_ID_KEY,
 )
+from airflow_provider_raytpu.progress import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -77,16 +78,34 @@ class ObjectStore(Protocol):
 
 
 def wait_until_gone(kind: str, name: str, namespace: str, get: Callable[[str, str], Any],
-                    timeout: float = GONE_TIMEOUT, poll_interval: float = GONE_POLL_SECONDS) -> None:
-    """Poll ``get`` until the object is gone, or fail naming what to check."""
-    deadline = time.monotonic() + timeout
-    while get(name, namespace) is not None:
-        if time.monotonic() > deadline:
+                    timeout: float = GONE_TIMEOUT, poll_interval: float = GONE_POLL_SECONDS, log: Any = log,
+                    pods_left: Callable[[], list[str]] | None = None, deleting_since: float | None = None) -> None:
+    """Poll until the object, and the pods it had (``pods_left``), are gone; log what is left on every change
+    and at least every :data:`~airflow_provider_raytpu.progress.PROGRESS_SECONDS`; or fail naming
+    what to check. The last line says how long the deletion took, from ``deleting_since``
+    (``time.monotonic()`` when the delete call began; default: now)."""
+    heartbeat = Heartbeat()
+    since = heartbeat.started if deleting_since is None else deleting_since
+    while True:
+        exists = get(name, namespace) is not None
+        pods = pods_left() if pods_left is not None and not exists else []
+        if not exists and not pods:
+            log.info("%s %s/%s %s after %.0f s", kind, namespace, name,
+                     "and its pods are gone" if pods_left is not None else "is gone", time.monotonic() - since)
+            return
+        left = f"the {kind} is being deleted" if exists else f"the {kind} is gone"
+        if pods:
+            shown = ", ".join(sorted(pods)[:5]) + (f" and {len(pods) - 5} more" if len(pods) > 5 else "")
+            left += f"; {len(pods)} {'pod' if len(pods) == 1 else 'pods'} terminating ({shown})"
+        if heartbeat.due(left):
+            log.info("Waiting for %s %s/%s to be gone: %s (%.0f s)", kind, namespace, name, left, heartbeat.elapsed)
+        if heartbeat.elapsed > timeout:
+            pod_hint = f", and kubectl get pods -n {namespace} -l ray.io/cluster={name}" if pods_left else ""
             raise TimeoutError(
-                f"{kind} {namespace}/{name} still exists {timeout:.0f} s after delete; "
-                f"check for stuck finalizers with kubectl get {kind.lower()} {name} -n {namespace} -o yaml"
+                f"{kind} {namespace}/{name} not gone {timeout:.0f} s after delete ({left}); check for stuck "
+                f"finalizers with kubectl get {kind.lower()} {name} -n {namespace} -o yaml{pod_hint}"
             )
-        time.sleep(poll_interval)
+        time.sleep(min(poll_interval, heartbeat.seconds_left()))
 
 
 def annotations_of(obj: dict[str, Any]) -> dict[str, str]:

@@ -111,6 +111,10 @@ class ServiceBackend(abc.ABC):
     def serve_endpoint(self, name: str, namespace: str) -> HttpTransport:
         """The service's Serve HTTP proxy, as this backend reaches it."""
 
+    @abc.abstractmethod
+    def dashboard(self, name: str, namespace: str) -> HttpTransport:
+        """The Ray dashboard of the service's active cluster, as this backend reaches it."""
+
 
 class ClusterBackend(abc.ABC):
     """A place where RayClusters (and the RayServices built on them) live.
@@ -152,6 +156,11 @@ class ClusterBackend(abc.ABC):
     @abc.abstractmethod
     def delete_cluster(self, name: str, namespace: str) -> bool:
         """Delete the RayCluster; ``False`` when it was already gone."""
+
+    def cluster_pods(self, name: str, namespace: str) -> list[dict[str, Any]]:
+        """The RayCluster's pods, terminating ones included; none on a backend without pods (the local
+        backend's delete returns once the cluster's processes are gone)."""
+        return []
 
     @abc.abstractmethod
     def list_clusters(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import importlib
 import json as jsonlib
+import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -175,13 +176,29 @@ async def shared_session(url: str) -> aiohttp.ClientSession:
     return await loop_shared().get(("http-session", url), make, close)
 
 
+def route_ray_logs() -> None:
+    """Let the ``ray`` logger's records reach this process's own logging, at their own level.
+
+    Importing Ray gives its logger a handler of its own that writes to stderr and stops
+    propagation; an Airflow task log shows every stderr line as an error, so a healthy job
+    submission (``INFO dashboard_sdk.py -- Uploading package ...``) looked like a failure.
+    Ray's handlers are removed and the records propagate to Airflow's handlers instead.
+    """
+    ray_logger = logging.getLogger("ray")
+    ray_logger.handlers = [h for h in ray_logger.handlers if not type(h).__module__.startswith("ray.")]
+    ray_logger.propagate = True
+
+
 @cache
 def _transport_job_client_class() -> type[JobSubmissionClient]:
     """A ``JobSubmissionClient`` whose every request (the version check in its constructor too)
-    goes through an :class:`HttpTransport`; made once, on first use (it imports Ray)."""
+    goes through an :class:`HttpTransport`; made once, on first use (it imports Ray, whose logs it
+    then routes into this process's logging: :func:`route_ray_logs`)."""
     import requests
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
+
+    route_ray_logs()
 
     try:  # what Ray's own client says about a 401/403 of its token authentication
         from ray._private.authentication.http_token_authentication import format_authentication_http_error

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -172,6 +173,14 @@ class RayJobsHook(BaseHook):
 
     def logs(self, submission_id: str) -> str:
         return self.client.get_job_logs(submission_id)
+
+    def wall_seconds(self, submission_id: str) -> float | None:
+        """How long the job ran (or has run so far), from Ray's record; ``None`` before it started."""
+        info = self.client.get_job_info(submission_id)
+        if not info.start_time:
+            return None
+        end = info.end_time or time.time() * 1000
+        return max(0.0, (end - info.start_time) / 1000)
 
     def stop(self, submission_id: str) -> bool:
         return self.client.stop_job(submission_id)

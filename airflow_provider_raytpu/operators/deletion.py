@@ -12,7 +12,8 @@ The creating tasks are ``created_by``, else the creating operators upstream of t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator, TriggerRule
@@ -20,6 +21,7 @@ from airflow_provider_raytpu.backends.apply import owner_of, wait_until_gone
 from airflow_provider_raytpu.manifests.names import label_value, resource_name
 from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, MANAGED_BY, MANAGED_BY_LABEL, RUN_ID_KEY, TASK_ID_KEY
 from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast
+from airflow_provider_raytpu.progress import progress
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -36,7 +38,8 @@ class DeleteOwnedOperator(ClusterTaskMixin, BaseOperator):
     :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
     :param created_by: without a name, delete what these task ids made; default: the task ids
         of the creating operators upstream of this task, else every task of the DAG.
-    :param wait_for_deletion: wait until each deleted object is gone.
+    :param wait_for_deletion: wait until each deleted object (and its pods, where the kind has them) is gone;
+        the log says what is left at least every 10 s.
     :param deletion_timeout: seconds to wait for that.
     :param poll_interval: seconds between checks while waiting.
     """
@@ -45,6 +48,8 @@ class DeleteOwnedOperator(ClusterTaskMixin, BaseOperator):
     owner_keys: ClassVar[tuple[str, ...]]
     name_limit: ClassVar[int]
     other_selectors: ClassVar[tuple[str, ...]] = ()
+    deletes_also: ClassVar[str] = ""
+    """What deleting one object also takes down, for the progress line (e.g. ``" and its clusters"``)."""
     ui_color = "#fde8e8"
 
     def __init__(self, *, namespace: str | None = None, raytpu_conn_id: str | None = None,
@@ -80,6 +85,11 @@ class DeleteOwnedOperator(ClusterTaskMixin, BaseOperator):
     def list_objects(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         raise NotImplementedError
 
+    #: How far the deletion of one object is, for the progress line while the delete call blocks.
+    deletion_detail: Callable[[str, str], str] | None = None
+    #: The pods an object had that are still there: the wait ends once they are gone too.
+    pods_left: Callable[[str, str], list[str]] | None = None
+
     # -- shared -------------------------------------------------------------------------------
 
     def creating_tasks(self) -> list[str]:
@@ -113,15 +123,23 @@ class DeleteOwnedOperator(ClusterTaskMixin, BaseOperator):
             namespace = self.resolved_namespace()
             name = getattr(self, self.reference_name)
             names = [resource_name(name, self.reference_name, self.name_limit)] if name else self.owned(context, namespace)
-            deleted = []
+            deleted: dict[str, float] = {}  # name: when its delete began
             for target in names:
-                if self.delete_object(target, namespace):
-                    deleted.append(target)
+                since = time.monotonic()
+                detail = self.deletion_detail
+                with progress(self.log, f"Deleting {self.kind} {namespace}/{target}{self.deletes_also}",
+                              (lambda t=target: detail(t, namespace)) if detail is not None else None):
+                    if self.delete_object(target, namespace):
+                        deleted[target] = since
                 self.log.info("%s %s/%s %s", self.kind, namespace, target,
                               "deleted" if target in deleted else "was already gone")
             if self.wait_for_deletion:
-                for target in deleted:
-                    wait_until_gone(self.kind, target, namespace, self.get_object, self.deletion_timeout, self.poll_interval)
+                pods_left = self.pods_left
+                for target, since in deleted.items():
+                    wait_until_gone(self.kind, target, namespace, self.get_object, self.deletion_timeout,
+                                    self.poll_interval, self.log,
+                                    (lambda t=target: pods_left(t, namespace)) if pods_left is not None else None,
+                                    since)
         key = self.reference_name
         return {key: names[0] if len(names) == 1 else None, f"{key}s": names, "namespace": namespace,
                 "deleted": bool(deleted)}

@@ -9,13 +9,36 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.operators.links import CheckpointsLink, ProfileLink, RayJobLink, push_link, storage_console_url
 from airflow_provider_raytpu.operators.ray_data import asset_for
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator, cycle_start
 from airflow_provider_raytpu.operators.raycluster import SLICE_FIELDS, check_literal_slice
 from airflow_provider_raytpu.tpu import TpuSlice
+from airflow_provider_raytpu.workloads.steps import profile_window
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+
+def describe_step_times(step_time: Mapping[str, Any] | None) -> str:
+    """The step-time line of a training task's log: ``median 12.1 ms, p95 20.4 ms over 30 steps on 2 workers ...``.
+
+    :param step_time: the job result's ``step_time``, or ``None``.
+    """
+    if not step_time or step_time.get("median_s") is None:
+        return ("not recorded: time the train loop's steps with "
+                "airflow_provider_raytpu.workloads.steps.StepClock to see them here")
+    waits, first, workers = step_time.get("data_wait_share"), step_time.get("first_step_s"), step_time["workers"]
+    return (
+        f"median {_duration(step_time['median_s'])}, p95 {_duration(step_time['p95_s'])} over "
+        f"{step_time['steps']} steps on {workers} {'worker' if workers == 1 else 'workers'}"
+        + (f", waiting for data {waits:.0%} of step time" if waits is not None else "")
+        + (f"; first step {_duration(first)} (with compilation)" if first is not None else "")
+    )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def run_name_of(context: Context, cycle: int | None) -> str:
@@ -41,7 +64,12 @@ class JaxTrainerOperator(SubmitRayJobOperator):
     of step 0, and a failed worker (a preempted host) is restarted up to ``max_failures``
     times within the job. A user's Clear starts a new run from step 0 (the run name
     includes the cycle), unless ``resume_on_clear``. Returns ``metrics``,
-    ``checkpoint_uri`` (the latest checkpoint), ``steps``, ``resumed_from_step`` and ``run_name``.
+    ``checkpoint_uri`` (the latest checkpoint), ``steps``, ``resumed_from_step``,
+    ``run_name``, ``step_time`` (median and p95 step time and the data-wait share, from
+    the loop's :class:`~airflow_provider_raytpu.workloads.steps.StepClock`) and
+    ``profile_uri``. The task log ends with the step times; the task page links to the
+    run's checkpoints and profile in the Cloud console (for ``gs://`` storage outside an
+    emulator).
 
     :param cluster: the cluster reference (``create.output``), instead of ``cluster_name``.
     :param cluster_name: the RayCluster's name.
@@ -54,6 +82,9 @@ class JaxTrainerOperator(SubmitRayJobOperator):
     :param batch_size: rows per worker per step, checked against the datasets before training.
     :param ragged_policy: the final ragged batch: ``drop``, ``pad`` or ``raise`` (fails before training).
     :param checkpoints_to_keep: how many recent checkpoints Ray Train keeps.
+    :param profile_steps: ``(first, end)``: every worker records a JAX profiler trace of the steps
+        ``first <= step < end`` into ``<checkpoint_uri>/<run name>/profile`` (TensorBoard's
+        ``plugins/profile`` layout); the loop must time its steps with ``StepClock``.
     :param accelerator: optional; must agree with the cluster's slice.
     :param topology: optional; must agree with the cluster's slice.
     :param num_slices: optional; must agree with the cluster's slice.
@@ -69,6 +100,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
     )
     template_fields_renderers = {**SubmitRayJobOperator.template_fields_renderers, "config": "json",
                                  "datasets": "json"}
+    operator_extra_links = (RayJobLink(), CheckpointsLink(), ProfileLink())
 
     def __init__(
         self,
@@ -81,6 +113,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         batch_size: int | None = None,
         ragged_policy: str | None = None,
         checkpoints_to_keep: int = 3,
+        profile_steps: tuple[int, int] | Sequence[int] | None = None,
         accelerator: str | None = None,
         topology: str | None = None,
         num_slices: int | str | None = None,
@@ -97,6 +130,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
             )
         if accelerator or topology:
             check_literal_slice(accelerator or "", topology or "", num_slices or 1, spot, chips_per_host)
+        profile_window(profile_steps)
         super().__init__(entrypoint="", **kwargs)
         self.train_loop = train_loop
         self.checkpoint_uri = checkpoint_uri
@@ -106,6 +140,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         self.batch_size = batch_size
         self.ragged_policy = ragged_policy
         self.checkpoints_to_keep = checkpoints_to_keep
+        self.profile_steps = profile_steps
         self.accelerator = accelerator
         self.topology = topology
         self.num_slices = num_slices
@@ -119,9 +154,14 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         return TpuSlice(self.accelerator or "", self.topology or "", self.num_slices or 1, self.spot, self.chips_per_host)
 
     def prepare_entrypoint(self, context: Context) -> None:
+        window = profile_window(self.profile_steps)
         tpu = self.cluster_tpu(self.jobs.cluster_name, self.jobs.namespace, self.given_tpu())
         run_name = run_name_of(context, None if self.resume_on_clear else cycle_start(context, self.retries or 0))
-        self.log.info("Training on %s as Ray Train run %s", tpu.describe(), run_name)
+        run_uri = f"{self.checkpoint_uri.rstrip('/')}/{run_name}"
+        self.log.info("Training on %s as Ray Train run %s; its checkpoints go to %s", tpu.describe(), run_name,
+                      run_uri)
+        push_link(context, CheckpointsLink, storage_console_url(run_uri))
+        push_link(context, ProfileLink, storage_console_url(f"{run_uri}/profile") if window else None)
         args = ["python", "-m", "airflow_provider_raytpu.workloads.train", "--train-loop", self.train_loop,
                 "--tpu", json.dumps(tpu.to_dict()), "--run-name", run_name,
                 "--checkpoint-uri", self.checkpoint_uri, "--config", json.dumps(dict(self.config or {})),
@@ -131,4 +171,17 @@ class JaxTrainerOperator(SubmitRayJobOperator):
             args += ["--batch-size", str(self.batch_size)]
         if self.ragged_policy:
             args += ["--ragged-policy", self.ragged_policy]
+        if window:
+            args += ["--profile-steps", str(window[0]), str(window[1])]
         self.job_args = args
+
+    def after_job(self, result: Any) -> None:
+        result = result if isinstance(result, Mapping) else {}
+        if self.profile_steps is not None:
+            if result.get("profile_uri"):
+                self.log.info("Profile of steps %s: %s (open with tensorboard --logdir %s)", tuple(self.profile_steps),
+                              result["profile_uri"], result["profile_uri"])
+            else:
+                self.log.warning("No profile was written for steps %s: the run did not reach them, or the train "
+                                 "loop does not time its steps with StepClock", tuple(self.profile_steps))
+        self.log.info("Step time: %s", describe_step_times(result.get("step_time")))

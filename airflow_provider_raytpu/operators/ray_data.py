@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset
 from airflow_provider_raytpu.operators.base import is_templated
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
+from airflow_provider_raytpu.tpu import plural
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -86,7 +87,8 @@ class RayDataOperator(SubmitRayJobOperator):
         if self.actor_per_tpu_host:
             tpu = self.cluster_tpu(self.jobs.cluster_name, self.jobs.namespace)
             self.concurrency, self.num_tpus_per_actor = tpu.total_hosts, tpu.host_chips
-            self.log.info("One actor per TPU host: %d actors of %d chips", tpu.total_hosts, tpu.host_chips)
+            self.log.info("One actor per TPU host: %s of %s", plural(tpu.total_hosts, "actor"),
+                          plural(tpu.host_chips, "chip"))
         args = ["python", "-m", "airflow_provider_raytpu.workloads.preprocess", "--input", self.input_uri,
                 "--output", self.output_uri, "--transform", self.transform, "--batch-format", self.batch_format]
         optional = {"--format": self.input_format, "--batch-size": self.batch_size, "--concurrency": self.concurrency,

@@ -12,11 +12,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from airflow.sdk import BaseOperator, BaseOperatorLink
+from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow_provider_raytpu.hooks.job_log import JobLogFollower, closing_line, returned
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, TERMINAL, JobIdentity, RayJobsHook
 from airflow_provider_raytpu.manifests.names import resource_name
 from airflow_provider_raytpu.operators.base import ClusterTaskMixin, default_deferrable, fail_fast
+from airflow_provider_raytpu.operators.links import RayJobLink, dashboard_url, push_link
+from airflow_provider_raytpu.progress import Heartbeat
 from airflow_provider_raytpu.status import ClusterStatus, Phase, ReconcileFailureGrace
 from airflow_provider_raytpu.triggers.ray_job import RayJobTrigger
 from airflow_provider_raytpu.triggers.raycluster import DEFAULT_GRACE_PERIOD, RayClusterReadyTrigger
@@ -24,24 +27,11 @@ from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, last_result
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from airflow.sdk.types import TaskInstanceKey
 
 LOG_TAIL_LINES = 50
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 STOP_TIMEOUT_SECONDS = 120.0
-PROGRESS_SECONDS = 10.0
 SECRET_FLAGS = ("--config", "--transform-kwargs")
-
-
-class RayJobLink(BaseOperatorLink):
-    """Opens the job in the Ray dashboard, when a browser can reach the dashboard."""
-
-    name = "Ray job"
-
-    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        from airflow.sdk.execution_time.xcom import XCom
-
-        return XCom.get_value(ti_key=ti_key, key=self.xcom_key) or ""
 
 
 def identity_of(context: Context) -> JobIdentity:
@@ -251,13 +241,14 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
             )
         deadline = time.monotonic() + self.cluster_ready_timeout
         grace = ReconcileFailureGrace(DEFAULT_GRACE_PERIOD)
-        shown = status.message
+        heartbeat = Heartbeat()
+        heartbeat.due(status.message)
         while status.phase is Phase.PROVISIONING and time.monotonic() < deadline:
-            time.sleep(min(self.poll_interval, PROGRESS_SECONDS))
+            time.sleep(min(self.poll_interval, heartbeat.seconds_left()))
             status = grace.judge(self.backend.cluster_status(name, namespace), time.time())
-            if status.message != shown:
-                shown = status.message
-                self.log.info("RayCluster %s/%s: %s: %s", namespace, name, status.phase.value, status.message)
+            if heartbeat.due(status.message):
+                self.log.info("RayCluster %s/%s: %s: %s (%.0f s)", namespace, name, status.phase.value,
+                              status.message, heartbeat.elapsed)
         if status.phase is not Phase.READY:
             self._not_ready(status, self.backend.diagnose(name, namespace))
         self.log.info("RayCluster %s/%s is ready: %s", namespace, name, status.message)
@@ -332,30 +323,38 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
             self.log.warning("Stopping Ray job %s left running by an earlier run of this task", submission_id)
             self.jobs.stop(submission_id)
         deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        heartbeat = Heartbeat()
         for submission_id in leftovers:
             while (status := self.jobs.status(submission_id)[0]) not in TERMINAL:
                 if time.monotonic() > deadline:
                     raise AirflowException(f"Ray job {submission_id} is still {status} {STOP_TIMEOUT_SECONDS:.0f} s "
                                            "after it was asked to stop; not submitting a second driver next to it")
+                if heartbeat.due(status):
+                    self.log.info("Waiting for Ray job %s to stop: %s (%.0f s)", submission_id, status,
+                                  heartbeat.elapsed)
                 time.sleep(min(self.poll_interval, 1.0))
             self.log.info("Ray job %s ended %s", submission_id, status)
 
     def _persist_link(self, context: Context, submission_id: str) -> None:
-        url = self.jobs.browser_url
-        context["ti"].xcom_push(key=RayJobLink().xcom_key, value=f"{url}/#/jobs/{submission_id}" if url else "")
+        push_link(context, RayJobLink, dashboard_url(self.jobs.dashboard, f"jobs/{submission_id}"))
 
     def _wait(self, submission_id: str) -> Any:
-        logged = 0
+        follower = JobLogFollower()
+        heartbeat = Heartbeat()
         while True:
             status, message = self.jobs.status(submission_id)
             logs = self.jobs.logs(submission_id)
-            new = logs[logged:] if status in TERMINAL else logs[logged: logs.rfind("\n") + 1]
-            for line in new.splitlines():
+            lines = follower.new_lines(logs, final=status in TERMINAL)
+            for line in lines:
                 self.log.info("[ray job] %s", line)
-            logged += len(new)
             if status in TERMINAL:
                 return self._finish(submission_id, status, message, logs)
-            time.sleep(self.poll_interval)
+            if lines:
+                heartbeat.quiet()
+            elif heartbeat.due():
+                self.log.info("Waiting for Ray job %s: %s, no new output (%.0f s)", submission_id, status,
+                              heartbeat.elapsed)
+            time.sleep(min(self.poll_interval, heartbeat.seconds_left()))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         with self._task_clients():
@@ -364,22 +363,37 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
                 raise AirflowException(event["message"])
             self.show_entrypoint(self.jobs.info(self.submission_id).entrypoint)
             if event["status"] == "SUCCEEDED" and "result" in event:  # the trigger read the whole log
-                return event["result"]
+                return self._succeeded(event["submission_id"], event["result"])
             logs = event.get("log_tail") if event["status"] != "SUCCEEDED" else None
             return self._finish(event["submission_id"], event["status"], event["message"],
                                 logs if logs is not None else self.jobs.logs(event["submission_id"]))
 
     def _finish(self, submission_id: str, status: str, message: str, logs: str) -> Any:
         if status == "SUCCEEDED":
-            return last_result(logs)
+            return self._succeeded(submission_id, last_result(logs))
+        self.log.error("%s", closing_line(submission_id, status, self.jobs.wall_seconds(submission_id),
+                                          message or "no message"))
         tail = "\n".join(logs.splitlines()[-LOG_TAIL_LINES:])
         text = f"Ray job {submission_id} {status}: {message}\n--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
         if status == "FAILED" and self.jobs.info(submission_id).driver_exit_code == EXIT_BAD_INPUT:
             raise AirflowFailException(f"{text}\nThe job exited with code {EXIT_BAD_INPUT} (bad input): not retried")
         raise AirflowException(text)
 
+    def after_job(self, result: Any) -> None:
+        """What a subclass logs after the closing line of a job that succeeded (training: its step times).
+
+        :param result: the job's result.
+        """
+
+    def _succeeded(self, submission_id: str, result: Any, note: str = "") -> Any:
+        """The closing line of a job that succeeded, then what a subclass adds; the task's return value."""
+        self.log.info("%s", closing_line(submission_id, "SUCCEEDED", self.jobs.wall_seconds(submission_id),
+                                         returned(result) + note))
+        self.after_job(result)
+        return result
+
     def _result(self, submission_id: str) -> Any:
-        return last_result(self.jobs.logs(submission_id))
+        return self._succeeded(submission_id, last_result(self.jobs.logs(submission_id)), " (an earlier try's job)")
 
     def on_kill(self) -> None:
         if self.submission_id:

@@ -20,6 +20,8 @@ from airflow_provider_raytpu.manifests.raycluster import (
 from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER
 from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast, is_templated, origin_of
 from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
+from airflow_provider_raytpu.operators.links import RayDashboardLink, push_dashboard_link
+from airflow_provider_raytpu.status import ClusterStatus
 from airflow_provider_raytpu.tpu import TpuSlice, parse_bool
 
 if TYPE_CHECKING:
@@ -79,6 +81,7 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         "update_if_exists",
     )
     template_fields_renderers = {"cluster_options": "json"}
+    operator_extra_links = (RayDashboardLink(),)
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -130,6 +133,7 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
             self.log.info("RayCluster %s/%s: %s", namespace, name, tpu.describe())
             result = self.backend.apply_cluster(manifest, update_if_exists=update_if_exists)
         self.log.info("RayCluster %s/%s %s", namespace, name, result.action.value)
+        push_dashboard_link(context, self.backend, name, namespace)
         return self.cluster_reference(name, namespace, tpu.to_dict())
 
 
@@ -144,6 +148,12 @@ def check_literal_slice(*fields: Any) -> None:
         TpuSlice(*fields)
 
 
+def teardown_detail(status: ClusterStatus) -> str:
+    """How far a cluster being deleted is: its head and TPU hosts still up."""
+    head = "up" if status.head_ready else "down"
+    return f"{status.message}; head {head}, {status.ready_hosts} of {status.desired_hosts} TPU hosts up"
+
+
 class DeleteRayClusterOperator(DeleteOwnedOperator):
     """Delete a RayCluster; succeeds when it is already gone. Use it as a teardown task.
 
@@ -151,8 +161,10 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
     TPU slices are released even when training failed. Without ``cluster_name`` (and
     ``cluster``) it needs no XCom: it deletes the RayClusters this DAG run's create tasks
     made, found by their owner labels, so a create that applied the cluster and then
-    failed still has it deleted. Returns ``{"cluster_name", "cluster_names", "namespace",
-    "deleted"}``.
+    failed still has it deleted. By default the task ends only once each RayCluster and
+    its pods are gone, so a finished teardown means the slices are free; the log says
+    which pods are still terminating at least every 10 s. Returns ``{"cluster_name",
+    "cluster_names", "namespace", "deleted"}``.
 
     :param cluster: the cluster reference (``create.output``), instead of ``cluster_name``.
     :param cluster_name: the RayCluster's name; default: found by owner (see above).
@@ -160,7 +172,7 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
     :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
     :param created_by: without a name, delete what these create task ids made; default: the
         :class:`CreateRayClusterOperator` tasks upstream of this one, else every task of the run.
-    :param wait_for_deletion: wait until the RayCluster object is gone.
+    :param wait_for_deletion: wait until the RayCluster and its pods are gone (default ``True``).
     :param deletion_timeout: seconds to wait for that.
     :param poll_interval: seconds between checks while waiting.
     """
@@ -172,8 +184,9 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
     # A RayService's clusters carry its owner labels too (KubeRay copies them): they are the service's.
     other_selectors = (f"!{ORIGINATED_FROM_LABEL}",)
 
-    def __init__(self, *, cluster: Any = None, cluster_name: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *, cluster: Any = None, cluster_name: str | None = None, wait_for_deletion: bool = True,
+                 **kwargs: Any) -> None:
+        super().__init__(wait_for_deletion=wait_for_deletion, **kwargs)
         self.cluster = cluster
         self.cluster_name = cluster_name
 
@@ -188,6 +201,12 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
 
     def list_objects(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return self.backend.list_clusters(namespace, label_selector)
+
+    def deletion_detail(self, name: str, namespace: str) -> str:
+        return teardown_detail(self.backend.cluster_status(name, namespace))
+
+    def pods_left(self, name: str, namespace: str) -> list[str]:
+        return [pod["metadata"]["name"] for pod in self.backend.cluster_pods(name, namespace)]
 
 
 class DeleteExpiredRayClustersOperator(ClusterTaskMixin, BaseOperator):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow_provider_raytpu.backends.apply import SERVICE_OWNER
+from airflow_provider_raytpu.backends.base import Applied
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, owned_name, resource_name
 from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
@@ -23,7 +24,9 @@ from airflow_provider_raytpu.manifests.rayservice import (
 from airflow_provider_raytpu.manifests.serveconfig import ServeApplication
 from airflow_provider_raytpu.operators.base import CONN_KEY, ServiceTaskMixin, fail_fast, origin_of
 from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
+from airflow_provider_raytpu.operators.links import ServeApplicationLink, ServeEndpointLink, push_service_links
 from airflow_provider_raytpu.operators.raycluster import SLICE_FIELDS, check_literal_slice
+from airflow_provider_raytpu.progress import progress
 from airflow_provider_raytpu.tpu import TpuSlice, parse_bool
 
 if TYPE_CHECKING:
@@ -42,6 +45,15 @@ def default_service_name(context: Context) -> str:
 def previous_version(history: Sequence[str], version: str) -> str | None:
     """The newest version in the history other than ``version``."""
     return next((v for v in reversed(history) if v != version), None)
+
+
+def applied(action: Applied, update: str) -> str:
+    """What applying a RayService did, in words: ``created``, ``updated (new-cluster)``, ``adopted: ...``."""
+    if action is Applied.ADOPTED:
+        return "adopted: it already has this spec and version, nothing changed"
+    if action is Applied.CREATED:
+        return "created"
+    return f"updated ({update})"
 
 
 class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
@@ -109,6 +121,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         "cluster_options",
     )
     template_fields_renderers = {"applications": "json", "serve_options": "json", "cluster_options": "json"}
+    operator_extra_links = (ServeApplicationLink(), ServeEndpointLink())
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -181,17 +194,22 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
             )
             self.log.info("RayService %s/%s: deploying version %r (previous %r) on %s", namespace, name, version,
                           previous_version(version_history(manifest), version), tpu.describe())
-            apply_logged(self, manifest)
+            apply_logged(self, context, manifest)
             return service_reference(self, manifest)
 
 
-def apply_logged(task: ServiceTaskMixin, manifest: dict[str, Any]) -> None:
-    """Apply a RayService manifest and say what happened."""
-    result = task.service_backend.apply_service(manifest)
-    how = manifest["metadata"]["annotations"][UPDATE_ANNOTATION]
-    task.log.info("RayService %s/%s %s (%s)", manifest["metadata"]["namespace"],  # type: ignore[attr-defined]
-                  manifest["metadata"]["name"], result.action.value,
-                  "nothing changed" if result.action.value == "adopted" else f"update: {how}")
+def apply_logged(task: ServiceTaskMixin, context: Context, manifest: dict[str, Any]) -> None:
+    """Apply a RayService manifest, with progress lines while the apply blocks (a promotion waits for
+    its serving cluster's head); say what happened and push the task's Serve links."""
+    backend, log = task.service_backend, task.log  # type: ignore[attr-defined]
+    name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+    version = service_version(manifest)
+    with progress(log, f"Applying version {version!r} to RayService {namespace}/{name}",
+                  lambda: backend.service_status(name, namespace, version).message):
+        result = backend.apply_service(manifest)
+    log.info("RayService %s/%s %s", namespace, name,
+             applied(result.action, manifest["metadata"]["annotations"][UPDATE_ANNOTATION]))
+    push_service_links(context, backend, name, namespace, result.cluster)
 
 
 def service_reference(task: ServiceTaskMixin, service: dict[str, Any]) -> dict[str, Any]:
@@ -220,11 +238,12 @@ def roll_back(task: ServiceTaskMixin, context: Context, name: str, namespace: st
     if rolled_back_by(current, origin):
         task.log.info("RayService %s/%s: an earlier try of this task rolled back to %r; keeping it",  # type: ignore[attr-defined]
                       namespace, name, service_version(current))
+        push_service_links(context, task.service_backend, name, namespace, current)
         return service_reference(task, current)
     manifest = rolled_back_service(current, in_place=in_place, origin=origin)
     task.log.info("RayService %s/%s: rolling back from %r to %r", namespace, name,  # type: ignore[attr-defined]
                   service_version(current), service_version(manifest))
-    apply_logged(task, manifest)
+    apply_logged(task, context, manifest)
     return service_reference(task, manifest)
 
 
@@ -246,6 +265,7 @@ class RollbackRayServiceOperator(ServiceTaskMixin, BaseOperator):
     """
 
     template_fields: Sequence[str] = ("service", "service_name", "namespace", "raytpu_conn_id", "in_place")
+    operator_extra_links = (ServeApplicationLink(), ServeEndpointLink())
     ui_color = "#fef7e0"
 
     def __init__(self, *, service: Any = None, service_name: str | None = None, namespace: str | None = None,
@@ -287,6 +307,7 @@ class DeleteRayServiceOperator(ServiceTaskMixin, DeleteOwnedOperator):
     kind = "RayService"
     owner_keys = SERVICE_OWNER
     name_limit = RAY_SERVICE_NAME_LIMIT
+    deletes_also = " and its clusters"
 
     def __init__(self, *, service: Any = None, service_name: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -17,6 +17,7 @@ from airflow_provider_raytpu.operators.base import (
     fail_fast,
     sensor_poke_interval,
 )
+from airflow_provider_raytpu.operators.links import RayDashboardLink, push_dashboard_link
 from airflow_provider_raytpu.status import ClusterStatus, Phase, ReconcileFailureGrace
 from airflow_provider_raytpu.triggers.raycluster import DEFAULT_GRACE_PERIOD, RayClusterReadyTrigger
 
@@ -50,6 +51,7 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
     """
 
     template_fields: Sequence[str] = ("cluster", "cluster_name", "namespace", "raytpu_conn_id")
+    operator_extra_links = (RayDashboardLink(),)
     ui_color = "#e6f4ea"
 
     def __init__(
@@ -104,6 +106,8 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         name, namespace = self._target()
+        with fail_fast():
+            push_dashboard_link(context, self.backend, name, namespace)
         if not self.deferrable:
             try:
                 return super().execute(context)

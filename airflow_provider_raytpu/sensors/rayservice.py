@@ -18,6 +18,7 @@ from airflow_provider_raytpu.operators.base import (
     fail_fast,
     sensor_poke_interval,
 )
+from airflow_provider_raytpu.operators.links import ServeApplicationLink, ServeEndpointLink, push_service_links
 from airflow_provider_raytpu.status import APP_UNHEALTHY, ServicePhase, ServiceStatus
 from airflow_provider_raytpu.triggers.rayservice import (
     DEFAULT_GRACE_PERIOD,
@@ -100,6 +101,7 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
     template_fields: Sequence[str] = ("service", "service_name", "version", "namespace", "raytpu_conn_id",
                                       "smoke_request")
     template_fields_renderers = {"smoke_request": "json"}
+    operator_extra_links = (ServeApplicationLink(), ServeEndpointLink())
     ui_color = "#e6f4ea"
 
     def __init__(
@@ -235,6 +237,9 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         name, namespace, version = self._target()
+        with fail_fast():
+            services = self.service_backend
+            push_service_links(context, services, name, namespace, services.get_service(name, namespace))
         if not self.deferrable:
             try:
                 return super().execute(context)

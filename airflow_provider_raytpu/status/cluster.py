@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 from typing import Any
 
 from airflow_provider_raytpu.status.conditions import conditions, is_true
+from airflow_provider_raytpu.status.plain import plain
 
 REPLICA_INDEX_LABEL = "ray.io/worker-group-replica-index"
 HOST_INDEX_LABEL = "ray.io/replica-host-index"
@@ -88,10 +89,8 @@ class ClusterStatus:
         return self.phase is Phase.PROVISIONING and bool(self.reason)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["phase"] = self.phase.value
-        data["slices"] = [asdict(s) for s in self.slices]
-        return data
+        """Plain JSON (lists, not tuples): the sensor returns it as its XCom."""
+        return plain(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterStatus:

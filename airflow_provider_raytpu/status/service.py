@@ -8,13 +8,14 @@ keeps serving, Ready and RUNNING, and must not count.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 import yaml
 
 from airflow_provider_raytpu.status.conditions import conditions, is_true
+from airflow_provider_raytpu.status.plain import plain
 
 MODEL_VERSION_KEY = "raytpu.dev/model-version"
 UPDATE_KEY = "raytpu.dev/update"
@@ -115,9 +116,8 @@ class ServiceStatus:
         return tuple(a for a in self.applications if a.cluster == cluster)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["phase"] = self.phase.value
-        return data
+        """Plain JSON (lists, not tuples): the sensor returns it as its XCom."""
+        return plain(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ServiceStatus:

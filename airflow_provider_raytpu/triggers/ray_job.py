@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow_provider_raytpu.hooks.job_log import JobLogFollower
 from airflow_provider_raytpu.hooks.ray_jobs import TERMINAL, RayJobsHook
+from airflow_provider_raytpu.progress import Heartbeat
 from airflow_provider_raytpu.workloads.result import RESULT_PREFIX, last_result
 
 TRANSIENT_FAILURES_ALLOWED = 10
@@ -23,7 +25,8 @@ LOG_TAIL_LINES = 50
 
 
 class RayJobTrigger(BaseTrigger):
-    """Follow one Ray job: write each line of its log to the task log once, as it appears; fire on
+    """Follow one Ray job: write each line of its log to the task log once, as it appears (without
+    terminal colour codes or progress-bar redraws, and a progress line while it is quiet); fire on
     SUCCEEDED, FAILED or STOPPED.
 
     The job's status comes from its cluster's job list, read once per tick for every job
@@ -56,6 +59,8 @@ class RayJobTrigger(BaseTrigger):
         self._partial = ""
         self._tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._result_line: str | None = None
+        self._shown = JobLogFollower()
+        self._heartbeat = Heartbeat()
         self._saved = logged_chars
         self._saved_at = 0.0
 
@@ -102,8 +107,16 @@ class RayJobTrigger(BaseTrigger):
         board = await hook.ajob_board()
         async with board.follow(self.submission_id, self.poll_interval, wake) as job, \
                 hook.log_tail(self.submission_id, self.logged_chars, wake, self.poll_interval) as tail:
+            heartbeat = self._heartbeat
             while True:
-                await wake.wait()
+                try:
+                    await asyncio.wait_for(wake.wait(), heartbeat.seconds_left())
+                except TimeoutError:  # quiet: say so at least every PROGRESS_SECONDS
+                    if heartbeat.due():
+                        status = job.job["status"] if job.job is not None else "status not read yet"
+                        self.log.info("Waiting for Ray job %s: %s, no new output (%.0f s)", self.submission_id,
+                                      status, heartbeat.elapsed)
+                    continue
                 wake.clear()
                 self._write(tail.take())
                 await self._save_offset()
@@ -136,10 +149,12 @@ class RayJobTrigger(BaseTrigger):
             self._partial = ""
         for line in lines:
             line = line.rstrip("\r")
-            self.log.info("[ray job] %s", line)
             self._tail.append(line)
             if RESULT_PREFIX in line and last_result(line) is not None:
                 self._result_line = line
+        for line in self._shown.shown("\n".join(lines)):
+            self.log.info("[ray job] %s", line)
+            self._heartbeat.quiet()
         self.logged_chars += written
 
     def _event(self, status: str, message: str) -> dict[str, Any]:

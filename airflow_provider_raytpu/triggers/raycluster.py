@@ -11,6 +11,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
+from airflow_provider_raytpu.progress import Heartbeat, with_heartbeat
 from airflow_provider_raytpu.status import ClusterStatus, ReconcileFailureGrace
 
 DEFAULT_GRACE_PERIOD = 600.0
@@ -69,18 +70,21 @@ class RayClusterReadyTrigger(BaseTrigger):
         last: ClusterStatus | None = None
         try:
             backend = await RayTpuHook(self.raytpu_conn_id).abackend()
-            progress = None
+            heartbeat = Heartbeat()
             final = None
             async with asyncio.timeout(max(0.0, self.deadline - time.time())) as wait:
                 async with contextlib.aclosing(
                     backend.watch_cluster(self.cluster_name, self.namespace, poll_interval=self.poll_interval)
-                ) as statuses:
-                    async for status in statuses:
-                        last = status
-                        if status.message != progress:
-                            progress = status.message
-                            self.log.info("RayCluster %s: %s: %s", self.cluster_name, status.phase.value, progress)
-                        status = grace.judge(status, time.time())
+                ) as statuses, contextlib.aclosing(with_heartbeat(statuses, heartbeat)) as beats:
+                    async for item in beats:
+                        last = item or last
+                        if last is None:
+                            heartbeat.quiet()  # nothing read yet
+                            continue
+                        if heartbeat.due(last.message):
+                            self.log.info("RayCluster %s: %s: %s (%.0f s)", self.cluster_name, last.phase.value,
+                                          last.message, heartbeat.elapsed)
+                        status = grace.judge(last, time.time())
                         if status.finished:
                             final = status
                             break

@@ -43,6 +43,8 @@ import logging
 import math
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from airflow_provider_raytpu.workloads.storage import Location, apply_emulator_env, resolve, uri_for
 
 log = logging.getLogger(__name__)
@@ -61,12 +63,17 @@ def in_train_worker() -> bool:
     return True
 
 
-def run_checkpoint_uri() -> str:
-    """The default checkpoint URI inside a Ray Train worker: ``<storage>/<run name>/orbax``."""
+def run_uri() -> str:
+    """The run's directory inside a Ray Train worker: ``<storage>/<run name>``."""
     import ray.train
 
     storage = ray.train.get_context().get_storage()
-    return uri_for(storage.storage_filesystem, f"{storage.experiment_fs_path.rstrip('/')}/{ORBAX_SUBDIR}")
+    return uri_for(storage.storage_filesystem, storage.experiment_fs_path.rstrip("/"))
+
+
+def run_checkpoint_uri() -> str:
+    """The default checkpoint URI inside a Ray Train worker: ``<storage>/<run name>/orbax``."""
+    return f"{run_uri()}/{ORBAX_SUBDIR}"
 
 
 def _number(value: Any) -> Any:
@@ -91,8 +98,9 @@ class TrainCheckpoints:
         checkpointing); each save first waits for the previous one.
     :param report: register committed steps with ``ray.train.report``; by default
         whenever this runs inside a Ray Train worker.
-    :param quiet: lower absl logging (orbax's) to warnings in this process; orbax logs
-        several INFO lines per array and save, which swamps the job's log.
+    :param quiet: lower absl logging (orbax's) and fsspec's (gcsfs's) to warnings in this
+        process; orbax logs several INFO lines per array and save, fsspec one per file it
+        opens, which swamps the job's log.
     """
 
     def __init__(
@@ -110,6 +118,7 @@ class TrainCheckpoints:
             from absl import logging as absl_logging
 
             absl_logging.set_verbosity(absl_logging.WARNING)
+            logging.getLogger("fsspec").setLevel(logging.WARNING)
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep={max_to_keep} must be at least 1")
         apply_emulator_env()
@@ -287,7 +296,12 @@ class TrainCheckpoints:
             # while the newer entry still names it.
             return None
         # Use the run's own filesystem object: Ray accepts only checkpoints on it.
-        return Checkpoint(path=self.location.child(str(step)).path, filesystem=self._ray_storage.storage_filesystem)
+        filesystem, path = self._ray_storage.storage_filesystem, self.location.child(str(step)).path
+        if isinstance(filesystem, pafs.GcsFileSystem):
+            # Ray prunes an old checkpoint with delete_dir, which ends by deleting the directory's
+            # marker object; orbax writes none, so every prune logged a NOT_FOUND traceback.
+            filesystem.create_dir(path, recursive=True)
+        return Checkpoint(path=path, filesystem=filesystem)
 
     def _is_rays_latest(self, step: int) -> bool:
         """Whether Ray Train's latest registered checkpoint is this step's directory."""

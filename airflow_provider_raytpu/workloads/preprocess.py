@@ -88,6 +88,8 @@ def transform_dataset(dataset: Any, spec: PreprocessSpec) -> Any:
     :param dataset: a ``ray.data.Dataset``.
     :param spec: the job description.
     """
+    from ray.data import ActorPoolStrategy, TaskPoolStrategy
+
     transform = load_object(spec.transform)
     options: dict[str, Any] = {"batch_format": spec.batch_format, **_remote_args(spec)}
     if spec.batch_size is not None:
@@ -95,11 +97,11 @@ def transform_dataset(dataset: Any, spec: PreprocessSpec) -> Any:
     if inspect.isclass(transform):
         if not callable(getattr(transform, "__call__", None)):
             raise TypeError(f"{spec.transform} is a class without __call__(batch)")
-        options["concurrency"] = spec.concurrency or 1
+        options["compute"] = ActorPoolStrategy(size=spec.concurrency or 1)
         options["fn_constructor_kwargs"] = spec.transform_kwargs
     elif callable(transform):
         if spec.concurrency is not None:
-            options["concurrency"] = spec.concurrency
+            options["compute"] = TaskPoolStrategy(size=spec.concurrency)
         options["fn_kwargs"] = spec.transform_kwargs
     else:
         raise TypeError(f"{spec.transform} is neither a function nor a callable class")

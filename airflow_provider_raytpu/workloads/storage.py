@@ -192,6 +192,18 @@ def list_files(uri: str) -> list[str]:
     return sorted(info.path for info in infos if info.type == pafs.FileType.File)
 
 
+def write_file(location: Location, data: bytes) -> None:
+    """Write ``data`` as the file at ``location``, replacing it (local parent directories are made).
+
+    :param location: where the file goes.
+    :param data: its bytes.
+    """
+    if isinstance(location.filesystem, pafs.LocalFileSystem):
+        os.makedirs(os.path.dirname(location.path), exist_ok=True)
+    with location.filesystem.open_output_stream(location.path) as out:
+        out.write(data)
+
+
 def delete_prefix(uri: str) -> None:
     """Delete everything under ``uri``; nothing there is fine.
 

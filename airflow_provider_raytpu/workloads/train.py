@@ -15,7 +15,7 @@ with the same run name resumes from the newest checkpoint in storage; a failed w
 is restarted up to ``--max-failures`` times.
 
 The job prints ``RAYTPU_RESULT {"metrics", "checkpoint_uri", "steps",
-"resumed_from_step", "run_name", "seconds"}``.
+"resumed_from_step", "run_name", "seconds", "step_time", "profile_uri"}``.
 
 This module does not import JAX (nor the user's loop) in the driver process: the loop
 is imported by the workers.
@@ -38,7 +38,14 @@ from airflow_provider_raytpu.workloads.batches import POLICIES, RaggedBatchError
 from airflow_provider_raytpu.workloads.checkpoints import ORBAX_SUBDIR
 from airflow_provider_raytpu.workloads.loading import check_importable, load_object
 from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, report_result
-from airflow_provider_raytpu.workloads.storage import resolve, uri_for
+from airflow_provider_raytpu.workloads.steps import (
+    PROFILE_SUBDIR,
+    STEPS_SUBDIR,
+    combine_step_times,
+    profile_window,
+    read_step_times,
+)
+from airflow_provider_raytpu.workloads.storage import delete_prefix, exists, resolve, uri_for
 
 EXIT_FAILED = 1
 # Glob characters in a path break gcsfs (orbax's GCS access), and "/" would nest runs.
@@ -63,6 +70,9 @@ class TrainSpec:
         registered checkpoints: see ``workloads.checkpoints``.
     :param batch_size: rows per batch on each worker, checked against every dataset.
     :param ragged_policy: ``"drop"``, ``"pad"`` or ``"raise"`` for a short last batch.
+    :param profile_steps: ``(first, end)``: the loop's
+        :class:`~airflow_provider_raytpu.workloads.steps.StepClock` traces steps
+        ``first <= step < end`` with ``jax.profiler`` into ``<run>/profile``.
     """
 
     train_loop: str
@@ -75,8 +85,10 @@ class TrainSpec:
     checkpoints_to_keep: int | None = 3
     batch_size: int | None = None
     ragged_policy: str | None = None
+    profile_steps: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "profile_steps", profile_window(self.profile_steps))
         if not _RUN_NAME.fullmatch(self.run_name or ""):
             raise ValueError(
                 f"run_name={self.run_name!r} is not a valid run name: it becomes a storage path component, "
@@ -96,6 +108,14 @@ class TrainSpec:
         """Where Ray Train keeps this run: ``<checkpoint_uri>/<run_name>``."""
         return resolve(self.checkpoint_uri).child(self.run_name).uri
 
+    def profile_uri(self) -> str:
+        """Where the workers' profiler traces go: ``<checkpoint_uri>/<run_name>/profile`` (a TensorBoard logdir)."""
+        return resolve(self.checkpoint_uri).child(self.run_name, PROFILE_SUBDIR).uri
+
+    def steps_uri(self) -> str:
+        """Where the workers' step-time summaries go: ``<checkpoint_uri>/<run_name>/steps``."""
+        return resolve(self.checkpoint_uri).child(self.run_name, STEPS_SUBDIR).uri
+
     def orbax_uri(self) -> str:
         """Where the loop's orbax checkpoints go: ``<checkpoint_uri>/<run_name>/orbax``."""
         return resolve(self.checkpoint_uri).child(self.run_name, ORBAX_SUBDIR).uri
@@ -108,6 +128,8 @@ class TrainSpec:
             config["batch_size"] = self.batch_size
         if self.ragged_policy is not None:
             config["ragged_policy"] = self.ragged_policy
+        if self.profile_steps is not None:
+            config.update(profile_steps=list(self.profile_steps), profile_uri=self.profile_uri())
         return config
 
 
@@ -117,6 +139,9 @@ def run_user_loop(import_path: str, config: dict[str, Any]) -> Any:
     :param import_path: ``"package.module:function"``.
     :param config: the loop's config.
     """
+    from airflow_provider_raytpu.workloads.session import quiet_report_records
+
+    quiet_report_records()
     return load_object(import_path)(config)
 
 
@@ -179,16 +204,19 @@ def build_trainer(spec: TrainSpec) -> Any:
 
 
 def summarize(spec: TrainSpec, result: Any, seconds: float) -> dict[str, Any]:
-    """The job's result from Ray Train's Result: final metrics, newest checkpoint, steps.
+    """The job's result from Ray Train's Result: final metrics, newest checkpoint, steps, step times, traces.
 
     The metrics are those rank 0 reported with the newest checkpoint
     (``TrainCheckpoints`` adds ``step``, ``resumed_from_step`` and ``checkpoint_uri``).
+    ``step_time`` is what the workers' ``StepClock`` recorded (``None`` without one);
+    ``profile_uri`` is the TensorBoard logdir when a trace was written, else ``None``.
 
     :param spec: the job description.
     :param result: ``trainer.fit()``'s Result.
     :param seconds: the job's wall time.
     """
     metrics = dict(result.metrics or {})
+    step_time = combine_step_times(read_step_times(spec.steps_uri()))
     checkpoint = getattr(result, "checkpoint", None)
     checkpoint_uri = uri_for(checkpoint.filesystem, checkpoint.path) if checkpoint else metrics.get("checkpoint_uri")
     return {
@@ -198,6 +226,8 @@ def summarize(spec: TrainSpec, result: Any, seconds: float) -> dict[str, Any]:
         "resumed_from_step": metrics.get("resumed_from_step"),
         "run_name": spec.run_name,
         "seconds": round(seconds, 3),
+        "step_time": step_time,
+        "profile_uri": spec.profile_uri() if spec.profile_steps and exists(spec.profile_uri()) else None,
     }
 
 
@@ -214,6 +244,7 @@ def run_training(spec: TrainSpec) -> dict[str, Any]:
     started = time.monotonic()
     check_importable(spec.train_loop)  # before connecting: a typo fails in a second
     connected = connect()
+    delete_prefix(spec.steps_uri())  # the step times of an earlier attempt
     try:
         result = build_trainer(spec).fit()
     finally:
@@ -249,6 +280,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainSpec:
     )
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--ragged-policy", choices=POLICIES, default=None)
+    parser.add_argument("--profile-steps", type=int, nargs=2, default=None, metavar=("FIRST", "END"),
+                        help="trace steps FIRST <= step < END with jax.profiler")
     args = parser.parse_args(argv)
     if (args.batch_size is None) != (args.ragged_policy is None):
         parser.error("--batch-size and --ragged-policy go together")
@@ -263,6 +296,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainSpec:
         checkpoints_to_keep=args.checkpoints_to_keep or None,
         batch_size=args.batch_size,
         ragged_policy=args.ragged_policy,
+        profile_steps=tuple(args.profile_steps) if args.profile_steps else None,
     )
 
 

@@ -120,14 +120,18 @@ def summary(outcomes: dict[str, dict[str, Any]], total: float) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def run(home: Path) -> tuple[dict[str, dict[str, Any]], float]:
+    """Run the DAG once with a fresh fake GCS, its state and its log (``home/dag.log``) in ``home``.
+
+    Returns each task's outcome and the run's wall time; stops what it started and leaves this
+    process's environment as it found it.
+    """
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(EXAMPLES))
     from example_dags.demo.fake_gcs import FakeGcsServer
 
-    home = Path(tempfile.mkdtemp(prefix="raytpu-demo-"))
-    (home / "airflow").mkdir()
-    started = time.monotonic()
+    (home / "airflow").mkdir(parents=True, exist_ok=True)
+    environ = dict(os.environ)
     with FakeGcsServer() as gcs:
         gcs.create_bucket(BUCKET)
         env = environment(home, gcs.env())
@@ -145,6 +149,15 @@ def main() -> None:
             outcomes = task_outcomes(env)
         finally:
             stop_local_ray(env)
+            os.environ.clear()
+            os.environ.update(environ)
+    return outcomes, total
+
+
+def main() -> None:
+    home = Path(tempfile.mkdtemp(prefix="raytpu-demo-"))
+    started = time.monotonic()
+    outcomes, total = run(home)
     failed = {t: o["state"] for t, o in outcomes.items() if o["state"] != "success"}
     if failed:
         raise SystemExit(f"tasks did not succeed: {failed}; see {home / 'dag.log'}")

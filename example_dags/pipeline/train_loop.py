@@ -87,6 +87,7 @@ def train(config: dict[str, Any], after_step: AfterStep | None = None) -> None:
     from jax.sharding import PartitionSpec as P
 
     from airflow_provider_raytpu.workloads.checkpoints import TrainCheckpoints
+    from airflow_provider_raytpu.workloads.steps import StepClock
 
     config = {**DEFAULTS, **config}
     seed, total, every = int(config["seed"]), int(config["total_steps"]), int(config["checkpoint_every"])
@@ -122,6 +123,7 @@ def train(config: dict[str, Any], after_step: AfterStep | None = None) -> None:
         )
 
     checkpoints = TrainCheckpoints(config["checkpoint_uri"], max_to_keep=int(config["max_to_keep"]))
+    clock = StepClock(config)  # step times for the task log; a JAX trace of config["profile_steps"]
     restored = checkpoints.restore_latest(initial)
     step, state = restored if restored else (0, initial)
     if rank == 0:
@@ -130,9 +132,12 @@ def train(config: dict[str, Any], after_step: AfterStep | None = None) -> None:
     last_loss = None
     last_saved = step
     while step < total:
-        state, loss = train_step(state, *global_batch(step))
+        with clock.step(step):
+            with clock.data():
+                batch = global_batch(step)
+            state, loss = train_step(state, *batch)
+            last_loss = float(loss)  # waits for the step: JAX dispatches asynchronously
         step += 1
-        last_loss = float(loss)
         if after_step is not None:
             after_step(step, rank)
         if step % every == 0 and step < total:
@@ -157,6 +162,7 @@ def train(config: dict[str, Any], after_step: AfterStep | None = None) -> None:
     else:
         checkpoints.register(step, metrics)  # resumed at the end: nothing new to save
     checkpoints.close()
+    clock.close()
     if rank == 0:
         print(f"train_loop: done at step {step}: {metrics}", flush=True)
 

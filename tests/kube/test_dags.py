@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_raytpu.manifests.raycluster import EXPIRES_AT_ANNOTATION, format_expiry
-from tests.airflow_runner import run_dag
+from tests.airflow_runner import run_dag, task_instances
 from tests.fakekube.kuberay import KubeRayReactor
 from tests.fakekube.server import FakeKubeApiServer
+from tests.gcs import wait_for
 from tests.kube.conftest import NAMESPACE
+from tests.task_logs import captured_output, problems, task_logs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,9 +55,47 @@ def test_create_ready_delete_with_ui_string_params(airflow_home: Path, connectio
         "dashboard_url": f"{kube.url}/api/v1/namespaces/{NAMESPACE}/services/nightly-train-head-svc:dashboard/proxy",
     }
     assert outcome["wait_ready"].result["ready_hosts"] == 8
+    # The task pages link to the dashboard through the API server's service proxy, the transport in use.
+    dashboard = {"Ray dashboard": reference["dashboard_url"] + "/"}
+    assert outcome["create_cluster"].links == outcome["wait_ready"].links == dashboard
+    assert outcome["delete_cluster"].links == {}
     assert kube.count("GET", r"/rayclusters$", watch=True) >= 1, "the sensor should have deferred to the watch"
     assert kube.get_object("rayclusters", NAMESPACE, "nightly-train") is None
     assert kube.list_objects("v1/pods", NAMESPACE) == []
+
+
+TEARDOWN = '''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.raycluster import DeleteRayClusterOperator
+
+with DAG("teardown", schedule=None, start_date=datetime(2026, 1, 1)):
+    DeleteRayClusterOperator(task_id="delete_cluster", cluster_name="slow-to-go", poll_interval=1)
+'''
+
+
+def test_a_teardown_waits_for_the_pods_and_says_so(request: pytest.FixtureRequest, airflow_home: Path,
+                                                   connections: None, kube: FakeKubeApiServer) -> None:
+    """By default the delete waits until the RayCluster and its pods are gone, logging what is left."""
+    from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
+    from airflow_provider_raytpu.tpu import TpuSlice
+
+    with KubeRayReactor(kube, delay=0.1, stagger=0.01, delete_delay=9.0) as reactor:
+        kube.create_object(build_ray_cluster(name="slow-to-go", namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x4")))
+        assert wait_for(lambda: kube.list_objects("v1/pods", NAMESPACE), 30)
+        with captured_output(request.config) as logs:
+            outcome = run_dag(airflow_home, TEARDOWN, "teardown")
+    if not logs.out:
+        pytest.skip("pytest does not capture output (-s): no task log to read")
+    assert outcome["delete_cluster"].state == "success" and reactor is not None
+    assert kube.get_object("rayclusters", NAMESPACE, "slow-to-go") is None and kube.list_objects("v1/pods", NAMESPACE) == []
+    tasks = task_instances(outcome)
+    assert problems(logs.out, logs.err, tasks) == {}
+    (log,) = task_logs(logs.out, tasks)
+    said = [line.message for line in log.provider_lines()]
+    assert any(m.startswith(f"Waiting for RayCluster {NAMESPACE}/slow-to-go to be gone: the RayCluster is being "
+                            "deleted (") for m in said), said
+    assert said[-1].startswith(f"RayCluster {NAMESPACE}/slow-to-go and its pods are gone after ")
 
 
 def test_bad_slice_fails_before_any_api_call(airflow_home: Path, connections: None, kube: FakeKubeApiServer) -> None:

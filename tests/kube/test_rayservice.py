@@ -236,11 +236,17 @@ def test_rollback_promotes_the_previous_version_and_a_retry_keeps_it(airflow_hom
     dag_id, run_id, task_id, version = json.loads(notes["raytpu.dev/rolled-back-by"])
     assert (dag_id, task_id, version) == ("rollback", "rollback", "gs://b/ckpt-1")
     # A retry of the same task (same run) must not toggle back to ckpt-2.
-    ti = SimpleNamespace(dag_id="rollback", run_id=run_id, task_id="rollback")
+    links: dict[str, Any] = {}
+    ti = SimpleNamespace(dag_id="rollback", run_id=run_id, task_id="rollback",
+                         xcom_push=lambda key, value: links.__setitem__(key, value))
     retry = RollbackRayServiceOperator(task_id="rollback", service_name="chat")
     puts = kube.count("PUT", SERVICES + "/chat$")
     assert retry.execute({"ti": ti})["version"] == "gs://b/ckpt-1"
     assert kube.count("PUT", SERVICES + "/chat$") == puts
+    # The task page's links: through the API server's service proxy, the transport in use.
+    proxy = f"{kube.url}/api/v1/namespaces/{NAMESPACE}/services"
+    assert links == {"_link_ServeApplicationLink": f"{proxy}/chat-head-svc:dashboard/proxy/#/serve/applications/chat",
+                     "_link_ServeEndpointLink": f"{proxy}/chat-serve-svc:serve/proxy"}
 
 
 def test_params_choose_the_serving_cluster_options(airflow_home: Path, connections: None,

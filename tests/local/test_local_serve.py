@@ -30,7 +30,8 @@ from airflow_provider_raytpu.manifests.rayservice import build_ray_service
 from airflow_provider_raytpu.operators.rayservice import DeleteRayServiceOperator
 from airflow_provider_raytpu.status import ServicePhase
 from airflow_provider_raytpu.tpu import TpuSlice
-from tests.airflow_runner import run_dag
+from tests.airflow_runner import run_dag, task_instances
+from tests.task_logs import captured_output, problems, task_logs
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -86,10 +87,23 @@ def dag(dag_id: str, *, apps: list[dict[str, Any]] | None = APPS, sensor: str = 
     return "\n".join(lines) + "\n"
 
 
-def test_deploy_runs_and_the_model_answers(airflow_home: Path, serve_backend: LocalServices) -> None:
+def test_deploy_runs_and_the_model_answers(request: pytest.FixtureRequest, airflow_home: Path,
+                                           serve_backend: LocalServices) -> None:
     smoke = f"smoke_request={{'path': '/', 'method': 'POST', 'json': {INPUTS!r}}}"
-    outcome = run_dag(airflow_home, dag("serve_v1", sensor=smoke), "serve_v1")
+    with captured_output(request.config) as logs:
+        outcome = run_dag(airflow_home, dag("serve_v1", sensor=smoke), "serve_v1")
     assert {t: o.state for t, o in outcome.items()} == {"deploy": "success", "wait_running": "success"}
+    # The deploy waits for the serving cluster's head, saying so at least every 10 s; the task pages link
+    # to the Serve application in the Ray dashboard and to the endpoint.
+    assert logs.out, "run without -s: the task logs are read from pytest's capture"
+    tasks = task_instances(outcome)
+    assert problems(logs.out, logs.err, tasks) == {}
+    assert {log.task_id for log in task_logs(logs.out, tasks)} == {"deploy", "wait_running"}
+    dashboard = serve_backend.dashboard(SERVICE, NAMESPACE).url
+    links = {"Serve application": f"{dashboard}/#/serve/applications/tiny",
+             "Serve endpoint": outcome["deploy"].result["serve_url"]}
+    assert outcome["deploy"].links == outcome["wait_running"].links == links
+    assert requests.get(dashboard + "/", timeout=30).status_code == 200
     reference = outcome["deploy"].result
     assert (reference["service_name"], reference["version"], reference["previous_version"]) == (SERVICE, "v1", None)
     assert reference["serve_url"].startswith("http://127.0.0.1:")

@@ -28,9 +28,11 @@ from tests.airflow_runner import (
     lose_worker,
     resume_dag_run,
     run_dag,
+    task_instances,
     write_dag,
 )
 from tests.local.conftest import CLUSTER_READY_TIMEOUT, EmulatedCluster, watch_until
+from tests.task_logs import captured_output, problems, task_logs
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -176,9 +178,10 @@ def test_worker_killed_mid_job_retry_reattaches(airflow_home: Path, cluster: Emu
     kill_worker(worker)
     run_id = lose_worker("job_reattach", "job")
     outcome = resume_dag_run(path, "job_reattach", run_id)["job"]
-    assert outcome == TaskOutcome("success", 2, {"done": True})
+    assert (outcome.state, outcome.try_number, outcome.result) == ("success", 2, {"done": True})
     (only,) = task_jobs(jobs, "job_reattach")
     assert only.submission_id.endswith("-try1") and str(only.status) == "SUCCEEDED"
+    assert outcome.links["Ray job"].endswith(f"/#/jobs/{only.submission_id}"), "try 2 links to the job it followed"
 
 
 def test_failed_job_is_resubmitted_and_the_third_try_finds_the_second(
@@ -194,7 +197,7 @@ def test_failed_job_is_resubmitted_and_the_third_try_finds_the_second(
     kill_worker(worker)
     run_id = lose_worker("job_third_try", "job")
     outcome = resume_dag_run(path, "job_third_try", run_id)["job"]
-    assert outcome == TaskOutcome("success", 3, {"attempt": 2})
+    assert (outcome.state, outcome.try_number, outcome.result) == ("success", 3, {"attempt": 2})
     found = task_jobs(jobs, "job_third_try")
     assert [(j.submission_id[-4:], str(j.status)) for j in found] == [("try1", "FAILED"), ("try2", "SUCCEEDED")]
 
@@ -334,19 +337,34 @@ with DAG("local_lifecycle", schedule=None, start_date=datetime(2026, 1, 1)):
 '''
 
 
-def test_a_job_waits_for_a_cluster_that_is_not_ready_yet(airflow_home: Path, cluster: EmulatedCluster,
-                                                         local_backend: LocalBackend,
-                                                         capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_job_waits_for_a_cluster_that_is_not_ready_yet(request: pytest.FixtureRequest, airflow_home: Path,
+                                                         cluster: EmulatedCluster,
+                                                         local_backend: LocalBackend) -> None:
     """Runs last (it replaces the module's cluster). No ready sensor: a cleared job task whose setup
-    re-created the cluster finds it provisioning, and waits for it instead of failing on its dashboard."""
+    re-created the cluster finds it provisioning, and waits for it instead of failing on its dashboard.
+    The task logs read cleanly (the job says how the cluster stands while it waits, the delete what it
+    waits for while the cluster's processes stop) and the links open."""
     local_backend.delete_cluster(cluster.name, cluster.namespace)
-    outcome = run_dag(airflow_home, LIFECYCLE, "local_lifecycle")
+    with captured_output(request.config) as logs:
+        outcome = run_dag(airflow_home, LIFECYCLE, "local_lifecycle")
     assert {t: o.state for t, o in outcome.items()} == {"create": "success", "job": "success", "delete": "success"}
     assert outcome["job"].try_number == 1 and outcome["job"].result == {"tpu_chips": 8.0}
     name = outcome["create"].result["cluster_name"]
-    assert outcome["create"].result["dashboard_url"].startswith("http://127.0.0.1:")
-    captured = capfd.readouterr()
-    log = captured.out + captured.err
-    assert f"RayCluster default/{name} is not ready yet" in log and f"RayCluster default/{name} is ready" in log
+    dashboard = outcome["create"].result["dashboard_url"]
+    assert dashboard.startswith("http://127.0.0.1:")
+    assert outcome["create"].links == {"Ray dashboard": f"{dashboard}/"}
+    assert outcome["job"].links["Ray job"].startswith(f"{dashboard}/#/jobs/raytpu-")
+    assert outcome["delete"].links == {}
+    assert logs.out, "run without -s: the task logs are read from pytest's capture"
+    tasks = task_instances(outcome)
+    assert problems(logs.out, logs.err, tasks) == {}
+    by_task = {log.task_id: log for log in task_logs(logs.out, tasks)}
+    assert set(by_task) == {"create", "job", "delete"}
+    job = [line.message for line in by_task["job"].provider_lines()]
+    assert any(m.startswith(f"RayCluster default/{name} is not ready yet") for m in job), job
+    assert any(m.startswith(f"RayCluster default/{name} is ready") for m in job), job
+    delete = [line.message for line in by_task["delete"].provider_lines()]
+    assert delete[-2] == f"RayCluster default/{name} deleted"
+    assert delete[-1].startswith(f"RayCluster default/{name} and its pods are gone after ")
     assert outcome["delete"].result["cluster_names"] == [name]
     assert local_backend.get_cluster(name, "default") is None

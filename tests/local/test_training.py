@@ -18,15 +18,17 @@ from pathlib import Path
 
 import psutil
 import pytest
+import requests
 from ray.job_submission import JobSubmissionClient
 
 from airflow_provider_raytpu.backends.local import LocalBackend
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.status import Phase
 from airflow_provider_raytpu.tpu import TpuSlice
-from tests.airflow_runner import clear_task, rendered_fields, resume_dag_run, run_dag
+from tests.airflow_runner import clear_task, rendered_fields, resume_dag_run, run_dag, task_instances
 from tests.gcs import GcsStorage, fake_gcs  # noqa: F401  (fixture)
 from tests.local.conftest import CLUSTER_READY_TIMEOUT, EmulatedCluster, watch_until
+from tests.task_logs import captured_output, problems, task_logs
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -61,7 +63,8 @@ def raw_data(fake_gcs: GcsStorage) -> str:
     return write_dataset(fake_gcs.uri("raw", "rows.jsonl"), 600, seed=3)
 
 
-def pipeline_dag(dag_id: str, raw: str, out: str, checkpoints: str, retries: int = 0) -> str:
+def pipeline_dag(dag_id: str, raw: str, out: str, checkpoints: str, retries: int = 0,
+                 profile: tuple[int, int] | None = None) -> str:
     return f'''
 from datetime import datetime
 from airflow.sdk import DAG
@@ -77,18 +80,23 @@ with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1)):
         checkpoint_uri={checkpoints!r}, config={CONFIG!r}, accelerator="v4", topology="2x2x2",
         datasets={{"eval": "{{{{ ti.xcom_pull('preprocess')['output_uri'] }}}}"}}, batch_size=32, ragged_policy="pad",
         runtime_env=ship, retries={retries}, retry_delay=0, deferrable=False, poll_interval=0.5,
+        profile_steps={profile!r},
     )
     prep >> train
 '''
 
 
 @pytest.fixture(scope="module")
-def reference(airflow_home: Path, emulated_cluster: EmulatedCluster, raw_data: str, fake_gcs: GcsStorage) -> dict:
-    """An uninterrupted pipeline run: the figures the interrupted runs must match."""
-    outcome = run_dag(airflow_home, pipeline_dag("pipeline_ok", raw_data, fake_gcs.uri("prep-ok"),
-                                                 fake_gcs.uri("ckpt-ok")), "pipeline_ok")
+def reference(request: pytest.FixtureRequest, airflow_home: Path, emulated_cluster: EmulatedCluster, raw_data: str,
+              fake_gcs: GcsStorage) -> dict:
+    """An uninterrupted pipeline run, steps 10 and 11 profiled: the figures the interrupted runs must match,
+    and the task logs and links a user sees."""
+    with captured_output(request.config) as logs:
+        outcome = run_dag(airflow_home, pipeline_dag("pipeline_ok", raw_data, fake_gcs.uri("prep-ok"),
+                                                     fake_gcs.uri("ckpt-ok"), profile=(10, 12)), "pipeline_ok")
     assert {t: o.state for t, o in outcome.items()} == {"preprocess": "success", "train": "success"}
-    return {task: o.result for task, o in outcome.items()}
+    return {**{task: o.result for task, o in outcome.items()}, "logs": logs,
+            "links": {task: o.links for task, o in outcome.items()}, "tasks": task_instances(outcome)}
 
 
 def test_preprocess_then_train(reference: dict, fake_gcs: GcsStorage) -> None:
@@ -98,6 +106,48 @@ def test_preprocess_then_train(reference: dict, fake_gcs: GcsStorage) -> None:
     assert train["steps"] == 30 and train["resumed_from_step"] is None
     assert train["metrics"]["eval_rows"] == 600
     assert train["checkpoint_uri"].startswith(f"gs://{fake_gcs.bucket}/ckpt-ok/") and train["checkpoint_uri"].endswith("/30")
+
+
+def test_task_logs_read_cleanly(reference: dict) -> None:
+    """No colour codes, no Ray INFO on stderr, each step once, never 10 s silent; each job task ends with its
+    closing line, and training with its step times."""
+    logs = reference["logs"]
+    if not logs.out:
+        pytest.skip("pytest does not capture output (-s): no task log to read")
+    assert problems(logs.out, logs.err, reference["tasks"]) == {}
+    by_task = {log.task_id: log for log in task_logs(logs.out, reference["tasks"])}
+    assert set(by_task) == {"preprocess", "train"}
+    train = by_task["train"]
+    steps = [line for line in train.ray_job_lines() if "train_loop: step " in line]
+    assert [line.split("train_loop: ")[1].split(" loss")[0] for line in steps] == [
+        "step 5", "step 10", "step 15", "step 20", "step 25"]
+    assert not [line for line in train.ray_job_lines() if "Reporting training result" in line], \
+        "Ray Train's per-worker report records stay in its worker log file"
+    ours = [line.message for line in train.provider_lines()]
+    assert ours[-3].startswith("Ray job raytpu-") and " SUCCEEDED after " in ours[-3] and "; returned {" in ours[-3]
+    assert ours[-2].startswith("Profile of steps (10, 12): gs://")
+    assert ours[-1].startswith("Step time: median ") and "over 30 steps on 2 workers" in ours[-1]
+    prep = [line.message for line in by_task["preprocess"].provider_lines()]
+    assert " SUCCEEDED after " in prep[-1] and '"rows_out": 600' in prep[-1]
+
+
+def test_training_links_and_profile_trace(reference: dict, fake_gcs: GcsStorage) -> None:
+    """Each worker's trace of steps 10-11 is in the run's storage in TensorBoard's profile layout; the task page
+    links to the job, and (no console under the GCS emulator) shows the checkpoint and profile links disabled."""
+    train = reference["train"]
+    run = f"ckpt-ok/{train['run_name']}"
+    assert train["profile_uri"] == f"gs://{fake_gcs.bucket}/{run}/profile"
+    trace = f"{run}/profile/plugins/profile/steps-10-12/"
+    files = sorted(name[len(trace):] for name in fake_gcs.objects(trace))
+    assert {"worker-0.xplane.pb", "worker-1.xplane.pb"} <= set(files), files
+    assert train["step_time"]["steps"] == 30 and train["step_time"]["workers"] == 2
+    assert 0 < train["step_time"]["median_s"] <= train["step_time"]["p95_s"]
+    links = reference["links"]["train"]
+    assert set(links) == {"Ray job", "Checkpoints", "Profile"}
+    assert links["Checkpoints"] is None and links["Profile"] is None
+    job_page = links["Ray job"]
+    assert job_page.startswith("http://127.0.0.1:") and "/#/jobs/raytpu-" in job_page
+    assert requests.get(job_page.split("#")[0], timeout=30).status_code == 200
 
 
 def latest_step(fake_gcs: GcsStorage, prefix: str) -> int:

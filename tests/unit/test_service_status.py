@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -227,6 +228,10 @@ def test_round_trip() -> None:
     status = read_ray_service(service, active_cluster=OLD, pending_cluster=NEW)
     assert ServiceStatus.from_dict(status.to_dict()) == status
     assert status.to_dict()["phase"] == "UPGRADING"
+    # Plain JSON: lists, not tuples (Airflow would store a tuple as a tagged object in the XCom).
+    data = status.to_dict()
+    assert json.loads(json.dumps(data)) == data
+    assert isinstance(data["applications"], list) and isinstance(data["applications"][0]["deployments"], list)
 
 
 def test_diagnosis_names_deployment_replicas_cluster_and_topology() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -155,6 +156,8 @@ def test_slices_sort_numerically() -> None:
 def test_status_round_trips_through_json() -> None:
     status = read_ray_cluster(cluster_with(READY), [pod("a0")])
     assert ClusterStatus.from_dict(status.to_dict()) == status
+    data = status.to_dict()
+    assert json.loads(json.dumps(data)) == data and isinstance(data["slices"], list)
 
 
 def test_diagnosis_names_unready_hosts_and_the_scheduler_reason() -> None:

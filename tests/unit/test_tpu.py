@@ -96,6 +96,8 @@ def test_json_round_trip() -> None:
 
 def test_describe() -> None:
     assert TpuSlice("v4", "2x2x2").describe() == "v4 2x2x2 x 1 slice (2 hosts x 4 chips each, 8 chips)"
+    assert TpuSlice("v6e", "2x2").describe() == "v6e 2x2 x 1 slice (1 host x 4 chips each, 4 chips)"
+    assert TpuSlice("v6e", "1x1").describe() == "v6e 1x1 x 1 slice (1 host x 1 chip each, 1 chip)"
 
 
 def error(**kwargs: object) -> InvalidInputError:

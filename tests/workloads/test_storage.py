@@ -113,9 +113,11 @@ def test_apply_emulator_env_fills_in_missing_variables(fake_gcs: GcsStorage, mon
 
 
 def test_driver_passes_only_variables_the_job_does_not_set(fake_gcs: GcsStorage, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert worker_env_vars() == fake_gcs.env
+    assert worker_env_vars() == {**fake_gcs.env, "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
     # A submitted job whose runtime_env already carries one of them: Ray refuses duplicate keys.
-    job = {"runtime_env": {"env_vars": {"STORAGE_EMULATOR_HOST": fake_gcs.server.url}}}
+    job = {"runtime_env": {"env_vars": {"STORAGE_EMULATOR_HOST": fake_gcs.server.url,
+                                        "RAY_TRAIN_ENABLE_PRINT_PATCH": "1"}}}
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
     assert "STORAGE_EMULATOR_HOST" not in worker_env_vars()
+    assert "RAY_TRAIN_ENABLE_PRINT_PATCH" not in worker_env_vars()  # the job's own choice wins
     assert worker_env_vars()["TENSORSTORE_GCS_HTTP_URL"] == fake_gcs.server.url

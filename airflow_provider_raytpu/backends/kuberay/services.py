@@ -153,3 +153,7 @@ class KubeRayServices(ServiceBackend):
         service = serve_service_name(name)
         return reach(self.backend.settings, self.backend.clients, namespace, service, SERVE_PORT_NAME,
                      f"http://{service}.{namespace}.svc.cluster.local:{SERVE_PORT}")
+
+    def dashboard(self, name: str, namespace: str) -> HttpTransport:
+        """KubeRay's ``<name>-head-svc``: it follows the active cluster's head through every switch."""
+        return self.backend.dashboard(name, namespace)

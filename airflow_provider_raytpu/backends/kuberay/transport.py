@@ -56,7 +56,10 @@ class ApiServerProxyTransport(HttpTransport):
 
     @property
     def browser_url(self) -> str | None:
-        return None
+        """The proxy URL itself. A browser needs its own access to the API server to open it (with
+        ``kubectl proxy`` running, the same path below ``http://127.0.0.1:8001``); the connection's
+        credentials are never put in a link."""
+        return self.url
 
     def _call(self, path: str, json: Any, data: bytes | None,
               headers: Mapping[str, str] | None) -> tuple[str, dict[str, str], Any]:

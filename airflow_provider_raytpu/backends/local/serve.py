@@ -278,6 +278,10 @@ class LocalServices(ServiceBackend):
 
     # -- HTTP ---------------------------------------------------------------------------------
 
+    def dashboard(self, name: str, namespace: str) -> HttpTransport:
+        """The dashboard of the service's local RayCluster."""
+        return self.backend.dashboard(local_cluster_name(name), namespace)
+
     def serve_endpoint(self, name: str, namespace: str) -> HttpTransport:
         """The Serve HTTP proxy on the service's head, ``http://127.0.0.1:<port>``."""
         state = self._serve_state(name, namespace)

@@ -79,6 +79,7 @@ from airflow_provider_raytpu.backends.local.state import (
 )
 from airflow_provider_raytpu.backends.transport import DirectTransport
 from airflow_provider_raytpu.manifests.raycluster import EXPIRES_AT_ANNOTATION, parse_expiry
+from airflow_provider_raytpu.tpu import plural
 
 log = logging.getLogger("airflow_provider_raytpu.local_supervisor")
 
@@ -271,7 +272,7 @@ class Supervisor:
                 if now >= run.next_start:
                     for node in run.nodes:  # all hosts of a slice in parallel
                         self.start_node(node)
-                    run.status, run.message = "starting", f"starting {len(run.nodes)} hosts"
+                    run.status, run.message = "starting", f"starting {plural(len(run.nodes), 'host')}"
                 continue
             gone = [n for n in run.nodes if n.exited()]
             if gone:

@@ -1,0 +1,118 @@
+"""A Ray job's log as lines a task log can show: no terminal colour codes, no progress-bar redraws.
+
+Ray colours the prefix of every line a worker prints (``\\x1b[36m(RayTrainWorker pid=12)\\x1b[0m``)
+and a progress bar redraws itself with carriage returns; Airflow's log view shows both as
+raw bytes. A few tracebacks of Ray's own actors are expected and harmless
+(:data:`KNOWN_RAY_TRACEBACKS`); each shows as one line that says so. The full log stays in the
+Ray dashboard, unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+# CSI sequences (colours, cursor moves) and the two-byte escapes; what terminals interpret.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
+# "(PlacementGroupCleaner pid=7244) ..." or "(RayTrainWorker pid=12, ip=10.0.0.3) ...": a line a Ray actor printed.
+_ACTOR_LINE = re.compile(r"^\((?P<actor>\w+) pid=\d+(?:, ip=[\d.]+)?\) ?(?P<text>.*)$")
+_TRACEBACK_LINE = re.compile(r"^(\s|Traceback \(most recent call last\)|Exception in thread |[\w.]+(Error|Exception)\b)")
+# Tracebacks of Ray's own actors that are expected and harmless: one line says what happened instead.
+KNOWN_RAY_TRACEBACKS = {
+    "PlacementGroupCleaner": (
+        "Ray Train's placement-group cleaner could not reach the GCS and stopped watching (a Ray-internal "
+        "monitor that only acts if the Train controller dies; training is unaffected; the traceback is in "
+        "the job's log in the Ray dashboard)"
+    ),
+}
+
+RESULT_SHOWN_CHARS = 400
+
+
+def closing_line(submission_id: str, status: str, seconds: float | None, outcome: str) -> str:
+    """The last line a job task logs: the job, how it ended, how long it ran, what it returned (or why it failed)."""
+    took = f" after {seconds:.1f} s" if seconds is not None else ""
+    return f"Ray job {submission_id} {status}{took}; {outcome}"
+
+
+def returned(result: Any) -> str:
+    """A job's result for the closing line, cut short when long (the XCom has all of it)."""
+    if result is None:
+        return "returned nothing (no RAYTPU_RESULT line)"
+    text = json.dumps(result, sort_keys=True)
+    return "returned " + (text if len(text) <= RESULT_SHOWN_CHARS else text[: RESULT_SHOWN_CHARS - 3] + "...")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences.
+
+    :param text: a line or a whole log.
+    """
+    return _ANSI.sub("", text)
+
+
+def readable_lines(text: str) -> list[str]:
+    """The lines of a chunk of job log as a task log should show them.
+
+    Escape sequences are removed; of a line redrawn with carriage returns only its last
+    state is kept; blank lines are dropped.
+
+    :param text: whole lines of the job's log.
+    """
+    lines = []
+    for raw in text.split("\n"):  # not splitlines(): a carriage return redraws a line, it does not end one
+        line = strip_ansi(raw.rstrip("\r")).rsplit("\r", 1)[-1].rstrip()
+        if line.strip():
+            lines.append(line)
+    return lines
+
+
+class JobLogFollower:
+    """Hands out each line of a growing job log once, whole, as :func:`readable_lines`; a known Ray
+    traceback (:data:`KNOWN_RAY_TRACEBACKS`) as one line that explains it, the first time only.
+
+    :param logged_chars: how much of the log was already handed out (carried across a deferral).
+    """
+
+    def __init__(self, logged_chars: int = 0) -> None:
+        self.logged_chars = logged_chars
+        self._explained: set[str] = set()
+
+    def new_lines(self, logs: str, *, final: bool) -> list[str]:
+        """The lines added since the last call; a half-written last line waits unless the job ended.
+
+        :param logs: the job's whole log so far.
+        :param final: the job has ended: hand out everything.
+        """
+        new = logs[self.logged_chars:]
+        if not final:
+            new = new[: new.rfind("\n") + 1]
+        self.logged_chars += len(new)
+        return self.shown(new)
+
+    def shown(self, text: str) -> list[str]:
+        """Whole lines of the job's log as the task log shows them (for a caller that tracks the offset itself).
+
+        :param text: whole lines of the job's log.
+        """
+        shown = []
+        for line in readable_lines(text):
+            actor = known_traceback_of(line)
+            if actor is None:
+                shown.append(line)
+            elif actor not in self._explained:
+                self._explained.add(actor)
+                shown.append(f"({actor}) {KNOWN_RAY_TRACEBACKS[actor]}")
+        return shown
+
+
+def known_traceback_of(line: str) -> str | None:
+    """The Ray actor of :data:`KNOWN_RAY_TRACEBACKS` whose traceback ``line`` belongs to, else ``None``.
+
+    :param line: a readable job log line.
+    """
+    match = _ACTOR_LINE.match(line)
+    if match and match["actor"] in KNOWN_RAY_TRACEBACKS and _TRACEBACK_LINE.match(match["text"]):
+        return match["actor"]
+    return None

@@ -1,0 +1,32 @@
+"""The demo (``make demo``: the ``nightly_finetune`` example DAG on the local backend, in its own
+``airflow dags test`` process) reads cleanly: its task logs, as a user reads them, have no colour
+codes, no Ray INFO line where a deployment shows errors, each training step once, and no task
+silent for more than 10 s while it waits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from example_dags.demo.run import DAG_ID, run
+from tests.task_logs import problems, task_instances_in, task_logs
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
+
+
+def test_the_demo_succeeds_and_its_task_logs_read_cleanly(tmp_path: Path) -> None:
+    outcomes, _ = run(tmp_path)
+    assert {task: o["state"] for task, o in outcomes.items()} == dict.fromkeys(
+        ["create_cluster", "wait_cluster_ready", "preprocess", "train", "delete_cluster", "promote_model",
+         "wait_serving"], "success")
+    # The subprocess wrote stdout and stderr to one file: every line is checked as if it were stderr too.
+    text = (tmp_path / "dag.log").read_text()
+    tasks = task_instances_in(text, DAG_ID)
+    assert sorted(tasks.values()) == sorted(outcomes)
+    assert problems(text, text, tasks) == {}
+    by_task = {log.task_id: [line.message for line in log.provider_lines()] for log in task_logs(text, tasks)}
+    assert by_task["train"][-1].startswith("Step time: median ")
+    assert " SUCCEEDED after " in by_task["train"][-2] and " SUCCEEDED after " in by_task["preprocess"][-1]
+    assert by_task["delete_cluster"][-1].startswith("RayCluster default/nightly-finetune-")
+    assert " and its pods are gone after " in by_task["delete_cluster"][-1]
