@@ -13,7 +13,7 @@ from tests.fakekube.kuberay import KubeRayReactor
 from tests.fakekube.server import FakeKubeApiServer
 from tests.gcs import wait_for
 from tests.kube.conftest import NAMESPACE
-from tests.task_logs import captured_output, problems, task_logs
+from tests.task_logs import LOADED_SILENCE_LIMIT_SECONDS, captured_output, problems, task_logs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -90,7 +90,7 @@ def test_a_teardown_waits_for_the_pods_and_says_so(request: pytest.FixtureReques
     assert outcome["delete_cluster"].state == "success" and reactor is not None
     assert kube.get_object("rayclusters", NAMESPACE, "slow-to-go") is None and kube.list_objects("v1/pods", NAMESPACE) == []
     tasks = task_instances(outcome)
-    assert problems(logs.out, logs.err, tasks) == {}
+    assert problems(logs.out, logs.err, tasks, limit=LOADED_SILENCE_LIMIT_SECONDS) == {}
     (log,) = task_logs(logs.out, tasks)
     said = [line.message for line in log.provider_lines()]
     assert any(m.startswith(f"Waiting for RayCluster {NAMESPACE}/slow-to-go to be gone: the RayCluster is being "

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from example_dags.demo.run import DAG_ID, run
-from tests.task_logs import problems, task_instances_in, task_logs
+from tests.task_logs import LOADED_SILENCE_LIMIT_SECONDS, problems, task_instances_in, task_logs
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -24,7 +24,7 @@ def test_the_demo_succeeds_and_its_task_logs_read_cleanly(tmp_path: Path) -> Non
     text = (tmp_path / "dag.log").read_text()
     tasks = task_instances_in(text, DAG_ID)
     assert sorted(tasks.values()) == sorted(outcomes)
-    assert problems(text, text, tasks) == {}
+    assert problems(text, text, tasks, limit=LOADED_SILENCE_LIMIT_SECONDS) == {}
     by_task = {log.task_id: [line.message for line in log.provider_lines()] for log in task_logs(text, tasks)}
     assert by_task["train"][-1].startswith("Step time: median ")
     assert " SUCCEEDED after " in by_task["train"][-2] and " SUCCEEDED after " in by_task["preprocess"][-1]

@@ -31,7 +31,7 @@ from airflow_provider_raytpu.operators.rayservice import DeleteRayServiceOperato
 from airflow_provider_raytpu.status import ServicePhase
 from airflow_provider_raytpu.tpu import TpuSlice
 from tests.airflow_runner import run_dag, task_instances
-from tests.task_logs import captured_output, problems, task_logs
+from tests.task_logs import LOADED_SILENCE_LIMIT_SECONDS, captured_output, problems, task_logs
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -97,7 +97,7 @@ def test_deploy_runs_and_the_model_answers(request: pytest.FixtureRequest, airfl
     # to the Serve application in the Ray dashboard and to the endpoint.
     assert logs.out, "run without -s: the task logs are read from pytest's capture"
     tasks = task_instances(outcome)
-    assert problems(logs.out, logs.err, tasks) == {}
+    assert problems(logs.out, logs.err, tasks, limit=LOADED_SILENCE_LIMIT_SECONDS) == {}
     assert {log.task_id for log in task_logs(logs.out, tasks)} == {"deploy", "wait_running"}
     dashboard = serve_backend.dashboard(SERVICE, NAMESPACE).url
     links = {"Serve application": f"{dashboard}/#/serve/applications/tiny",

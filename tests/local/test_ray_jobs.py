@@ -32,7 +32,7 @@ from tests.airflow_runner import (
     write_dag,
 )
 from tests.local.conftest import CLUSTER_READY_TIMEOUT, EmulatedCluster, watch_until
-from tests.task_logs import captured_output, problems, task_logs
+from tests.task_logs import LOADED_SILENCE_LIMIT_SECONDS, captured_output, problems, task_logs
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -357,7 +357,7 @@ def test_a_job_waits_for_a_cluster_that_is_not_ready_yet(request: pytest.Fixture
     assert outcome["delete"].links == {}
     assert logs.out, "run without -s: the task logs are read from pytest's capture"
     tasks = task_instances(outcome)
-    assert problems(logs.out, logs.err, tasks) == {}
+    assert problems(logs.out, logs.err, tasks, limit=LOADED_SILENCE_LIMIT_SECONDS) == {}
     by_task = {log.task_id: log for log in task_logs(logs.out, tasks)}
     assert set(by_task) == {"create", "job", "delete"}
     job = [line.message for line in by_task["job"].provider_lines()]

@@ -28,7 +28,7 @@ from airflow_provider_raytpu.tpu import TpuSlice
 from tests.airflow_runner import clear_task, rendered_fields, resume_dag_run, run_dag, task_instances
 from tests.gcs import GcsStorage, fake_gcs  # noqa: F401  (fixture)
 from tests.local.conftest import CLUSTER_READY_TIMEOUT, EmulatedCluster, watch_until
-from tests.task_logs import captured_output, problems, task_logs
+from tests.task_logs import LOADED_SILENCE_LIMIT_SECONDS, captured_output, problems, task_logs
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -114,7 +114,7 @@ def test_task_logs_read_cleanly(reference: dict) -> None:
     logs = reference["logs"]
     if not logs.out:
         pytest.skip("pytest does not capture output (-s): no task log to read")
-    assert problems(logs.out, logs.err, reference["tasks"]) == {}
+    assert problems(logs.out, logs.err, reference["tasks"], limit=LOADED_SILENCE_LIMIT_SECONDS) == {}
     by_task = {log.task_id: log for log in task_logs(logs.out, reference["tasks"])}
     assert set(by_task) == {"preprocess", "train"}
     train = by_task["train"]
