@@ -216,6 +216,8 @@ def resume_dag_run(dag_path: Path, dag_id: str, run_id: str) -> dict[str, TaskOu
     with create_session() as session:
         run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)).one()
         run.dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+        if run.state == DagRunState.QUEUED:  # a Clear of a finished run queues it; the scheduler starts it
+            run.state = DagRunState.RUNNING
         while run.state == DagRunState.RUNNING:
             session.expire_all()
             schedulable, _ = run.update_state(session=session)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+from collections.abc import Sequence
 from typing import Any
 
 # CSI sequences (colours, cursor moves) and the two-byte escapes; what terminals interpret.
@@ -28,6 +30,10 @@ KNOWN_RAY_TRACEBACKS = {
 }
 
 RESULT_SHOWN_CHARS = 400
+#: Flags whose JSON value may hold secrets: the task log shows its keys only.
+SECRET_FLAGS = ("--config", "--transform-kwargs")
+# The job supervisor's first line (ray/dashboard/modules/job/job_supervisor.py) repeats the command.
+_ENTRYPOINT_LINE = re.compile(r"^(?P<head>Running entrypoint for job \S+: )(?P<command>.*)$")
 
 
 def closing_line(submission_id: str, status: str, seconds: float | None, outcome: str) -> str:
@@ -42,6 +48,37 @@ def returned(result: Any) -> str:
         return "returned nothing (no RAYTPU_RESULT line)"
     text = json.dumps(result, sort_keys=True)
     return "returned " + (text if len(text) <= RESULT_SHOWN_CHARS else text[: RESULT_SHOWN_CHARS - 3] + "...")
+
+
+def shown_command(args: Sequence[Any]) -> str:
+    """A command for the task log: the JSON after ``--config`` / ``--transform-kwargs`` (which may
+    hold secrets) is shown as its keys only.
+
+    :param args: the command's arguments.
+    """
+    shown: list[str] = []
+    for arg in (str(a) for a in args):
+        if shown and shown[-1] in SECRET_FLAGS:
+            try:
+                value = json.loads(arg)
+            except ValueError:
+                value = None
+            keys = ", ".join(str(k) for k in value) if isinstance(value, dict) else ""
+            arg = f"<JSON with keys: {keys}>" if keys else "<JSON>"
+        shown.append(arg)
+    return shlex.join(shown)
+
+
+def shown_entrypoint(command: str) -> str:
+    """``command`` as the task log shows it: :func:`shown_command` when it has a secret flag.
+
+    :param command: the command as one string.
+    """
+    try:
+        args = shlex.split(command)
+    except ValueError:
+        return command
+    return shown_command(args) if set(args) & set(SECRET_FLAGS) else command
 
 
 def strip_ansi(text: str) -> str:
@@ -98,6 +135,8 @@ class JobLogFollower:
         """
         shown = []
         for line in readable_lines(text):
+            if entrypoint := _ENTRYPOINT_LINE.match(line):
+                line = entrypoint["head"] + shown_entrypoint(entrypoint["command"])
             actor = known_traceback_of(line)
             if actor is None:
                 shown.append(line)

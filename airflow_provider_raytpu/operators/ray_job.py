@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import shlex
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from airflow_provider_raytpu.hooks.job_log import JobLogFollower, closing_line, returned
+from airflow_provider_raytpu.hooks.job_log import JobLogFollower, closing_line, returned, shown_entrypoint
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, TERMINAL, JobIdentity, RayJobsHook
 from airflow_provider_raytpu.manifests.names import resource_name
 from airflow_provider_raytpu.operators.base import ClusterTaskMixin, default_deferrable, fail_fast
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 LOG_TAIL_LINES = 50
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 STOP_TIMEOUT_SECONDS = 120.0
-SECRET_FLAGS = ("--config", "--transform-kwargs")
 
 
 def identity_of(context: Context) -> JobIdentity:
@@ -52,22 +50,6 @@ def cycle_start(context: Context, retries: int) -> int:
 def is_fresh_start(context: Context, retries: int) -> bool:
     """Whether this try starts a new cycle: the first try, or the first after a user's Clear."""
     return context["ti"].try_number <= cycle_start(context, retries)
-
-
-def shown_command(args: Sequence[Any]) -> str:
-    """A command for the task log: the JSON after ``--config`` / ``--transform-kwargs`` (which may
-    hold secrets) is shown as its keys only."""
-    shown: list[str] = []
-    for arg in (str(a) for a in args):
-        if shown and shown[-1] in SECRET_FLAGS:
-            try:
-                value = json.loads(arg)
-            except ValueError:
-                value = None
-            keys = ", ".join(str(k) for k in value) if isinstance(value, dict) else ""
-            arg = f"<JSON with keys: {keys}>" if keys else "<JSON>"
-        shown.append(arg)
-    return shlex.join(shown)
 
 
 class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
@@ -180,11 +162,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
 
     def show_entrypoint(self, command: str) -> None:
         """Show ``command`` as the rendered entrypoint; JSON arguments that may hold secrets by their keys only."""
-        try:
-            args = shlex.split(command)
-        except ValueError:
-            args = []
-        self.entrypoint = shown_command(args) if set(args) & set(SECRET_FLAGS) else command
+        self.entrypoint = shown_entrypoint(command)
 
     def job_runtime_env(self) -> dict[str, Any]:
         env = dict(self.runtime_env or {})

@@ -64,6 +64,15 @@ def test_a_known_harmless_ray_traceback_is_one_line_that_explains_it() -> None:
     assert follower.new_lines(log + other, final=True) == ["(TrainController pid=7205) Traceback (most recent call last):"]
 
 
+def test_the_job_supervisors_entrypoint_line_shows_secret_json_by_its_keys() -> None:
+    config = json.dumps({"seed": 11, "token": "s3cret"})
+    log = f"Running entrypoint for job raytpu-1-try1: python -m train --config '{config}' --steps 3\n"
+    assert JobLogFollower().new_lines(log, final=False) == [
+        "Running entrypoint for job raytpu-1-try1: python -m train --config '<JSON with keys: seed, token>' --steps 3"]
+    plain = "Running entrypoint for job raytpu-2-try1: python -c 'print(1)'\n"
+    assert JobLogFollower().new_lines(plain, final=False) == [plain.strip()]
+
+
 def test_the_closing_line_names_job_status_time_and_result() -> None:
     line = closing_line("raytpu-ab-try1", "SUCCEEDED", 63.24, returned({"rows_in": 600, "rows_out": 600}))
     assert line == 'Ray job raytpu-ab-try1 SUCCEEDED after 63.2 s; returned {"rows_in": 600, "rows_out": 600}'
