@@ -87,8 +87,17 @@ def task_links(run: Any, task_id: str, map_index: int = -1) -> dict[str, str | N
     from airflow.models.dagbag import DBDagBag
     from airflow.utils.session import create_session
 
+    from fastapi import HTTPException
+
     with create_session() as session:
-        answer = get_extra_links(run.dag_id, run.run_id, task_id, session, DBDagBag(), map_index=map_index)
+        try:
+            answer = get_extra_links(run.dag_id, run.run_id, task_id, session, DBDagBag(), map_index=map_index)
+        except HTTPException as exc:
+            # A task added to the DAG after this run was created is not in the run's DAG version:
+            # the API server answers 404 for its links (the UI shows none).
+            if exc.status_code == 404 and f"Task with ID = {task_id} not found" in str(exc.detail):
+                return {}
+            raise
     return dict(answer.extra_links)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -117,7 +118,7 @@ def replica_failure(cp: ControlPlane, namespace: str) -> dict | None:
 
 def test_a_worker_pod_refused_by_a_quota_is_waited_out(
         airflow_home: Path, k8s_control_plane: ControlPlane, v6e_nodes: dict[str, list[str]], namespace: str,
-        capfd: pytest.CaptureFixture[str]) -> None:
+        capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     cp = k8s_control_plane
     quota = f"/api/v1/namespaces/{namespace}/resourcequotas"
     # Room for the head and one of the slice's two hosts.
@@ -132,6 +133,9 @@ def test_a_worker_pod_refused_by_a_quota_is_waited_out(
     def raise_the_quota() -> None:
         try:
             seen["failure"] = wait_for(lambda: replica_failure(cp, namespace), 180, "KubeRay's ReplicaFailure")
+            # Hold the failure for many of the sensor's 1-s pokes: lifted at once, the next good
+            # reconcile can clear it before the wait reads the cluster again.
+            time.sleep(15)
             status, body = cp.request("DELETE", f"{quota}/pods")
             assert status == 200, body
         except BaseException as exc:  # reported below
@@ -146,6 +150,6 @@ def test_a_worker_pod_refused_by_a_quota_is_waited_out(
     assert "exceeded quota" in seen["failure"]["message"]
     assert states(outcome) == {"create_cluster": "success", "wait_ready": "success", "delete_cluster": "success"}
     assert outcome["wait_ready"].try_number == 1 and outcome["wait_ready"].result["ready_hosts"] == 2
-    log = capfd.readouterr().out
+    log = capfd.readouterr().out + caplog.text  # a deferred wait's trigger logs through Python logging
     assert "KubeRay cannot reconcile it since " in log and "(FailedCreateWorkerPod: " in log
     wait_no_pods(cp, namespace)
