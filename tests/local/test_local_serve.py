@@ -26,6 +26,7 @@ from airflow_provider_raytpu.backends.local import LocalBackend
 from airflow_provider_raytpu.backends.local.serve import LocalServices, local_cluster_name
 from airflow_provider_raytpu.backends.settings import ConnectionSettings
 from airflow_provider_raytpu.manifests.options import RayClusterOptions
+from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, TASK_ID_KEY
 from airflow_provider_raytpu.manifests.rayservice import build_ray_service
 from airflow_provider_raytpu.operators.rayservice import DeleteRayServiceOperator
 from airflow_provider_raytpu.status import ServicePhase
@@ -64,6 +65,11 @@ def serve_backend(raytpu_home: Path) -> Iterator[LocalServices]:
     patch.undo()
 
 
+# One DAG deploys every version: a RayService is its deploy task's own (DAG, task), and another
+# DAG's deploy of the same name is refused as a conflict.
+SERVING_DAG = "serve_tiny"
+
+
 def dag(dag_id: str, *, apps: list[dict[str, Any]] | None = APPS, sensor: str = "") -> str:
     lines = [
         "from datetime import datetime",
@@ -91,7 +97,7 @@ def test_deploy_runs_and_the_model_answers(request: pytest.FixtureRequest, airfl
                                            serve_backend: LocalServices) -> None:
     smoke = f"smoke_request={{'path': '/', 'method': 'POST', 'json': {INPUTS!r}}}"
     with captured_output(request.config) as logs:
-        outcome = run_dag(airflow_home, dag("serve_v1", sensor=smoke), "serve_v1")
+        outcome = run_dag(airflow_home, dag(SERVING_DAG, sensor=smoke), SERVING_DAG)
     assert {t: o.state for t, o in outcome.items()} == {"deploy": "success", "wait_running": "success"}
     # The deploy waits for the serving cluster's head, saying so at least every 10 s; the task pages link
     # to the Serve application in the Ray dashboard and to the endpoint.
@@ -140,7 +146,7 @@ def test_promotion_under_load_fails_no_request_and_switches_to_v2(airflow_home: 
     thread = threading.Thread(target=client, daemon=True)
     thread.start()
     try:
-        outcome = run_dag(airflow_home, dag("serve_v2"), "serve_v2", conf={"version": "v2"})
+        outcome = run_dag(airflow_home, dag(SERVING_DAG), SERVING_DAG, conf={"version": "v2"})
         time.sleep(1)
     finally:
         stop.set()
@@ -182,7 +188,7 @@ def test_an_application_that_raises_at_start_fails_the_sensor_fast(airflow_home:
                                                                     capfd: pytest.CaptureFixture[str]) -> None:
     broken = [{**APPS[0], "args": {"fail_at_start": "no weights found at gs://models/tiny/v3"}}]
     started = time.monotonic()
-    outcome = run_dag(airflow_home, dag("serve_v3", apps=broken), "serve_v3", conf={"version": "v3"})
+    outcome = run_dag(airflow_home, dag(SERVING_DAG, apps=broken), SERVING_DAG, conf={"version": "v3"})
     assert outcome["deploy"].state == "success"
     assert (outcome["wait_running"].state, outcome["wait_running"].try_number) == ("failed", 1)
     assert time.monotonic() - started < 240
@@ -202,6 +208,8 @@ def apply_by_hand(backend: LocalServices, version: str, tpu_chips: int) -> None:
     config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     config["applications"][0]["deployments"][0]["ray_actor_options"]["resources"] = {"TPU": tpu_chips}
     manifest["spec"]["serveConfigV2"] = yaml.safe_dump(config)
+    # Written as the serving DAG's deploy task would: a RayService belongs to its (DAG, task).
+    manifest["metadata"].setdefault("annotations", {}).update({DAG_ID_KEY: SERVING_DAG, TASK_ID_KEY: "deploy"})
     backend.apply_service(manifest)
 
 
