@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
-PYTEST := $(PY) -m pytest -p no:cacheprovider
+PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
 
 .PHONY: install demo test test-full docs test-unit test-kube test-k8s test-ray test-deploy k8s-binaries bench constraints clean
 

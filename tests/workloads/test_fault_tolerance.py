@@ -214,9 +214,12 @@ def ray_registered(runs_uri: str, run: str) -> list[int]:
 
 
 def orbax_steps(fake_gcs: GcsStorage, runs_uri: str, run: str) -> list[int]:
-    """Step directories under the run's orbax prefix, straight from the server."""
+    """Step directories under the run's orbax prefix, straight from the server.
+
+    The prefix's own directory marker (written when a step is registered with Ray) names no step.
+    """
     prefix = f"{runs_uri.split('/', 3)[3]}/{run}/orbax/"
-    return sorted({int(name[len(prefix):].split("/")[0]) for name in fake_gcs.objects(prefix)})
+    return sorted({int(name[len(prefix):].split("/")[0]) for name in fake_gcs.objects(prefix) if name != prefix})
 
 
 def copy_prefix(source_uri: str, target_uri: str, keep: Any = lambda path: True) -> list[str]:
