@@ -17,7 +17,8 @@ from airflow_provider_raytpu.workloads.result import RESULT_PREFIX, last_result
 TRANSIENT_FAILURES_ALLOWED = 10
 #: How long a job's log may take to arrive in full once the job has ended.
 DRAIN_SECONDS = 30.0
-#: How often, at most, the position in the log is saved while lines are written.
+#: How often, at most, the position in the log is saved while lines are written (lines that
+#: arrive sooner wait for the next save: a line reaches the task log at most this late).
 OFFSET_SAVE_SECONDS = 5.0
 #: The XCom that keeps how much of the job's log the task's log already has.
 LOG_OFFSET_KEY = "raytpu_job_log_offset"
@@ -32,9 +33,9 @@ class RayJobTrigger(BaseTrigger):
     The job's status comes from its cluster's job list, read once per tick for every job
     trigger on that cluster; its log from Ray's streaming log tail
     (:class:`~airflow_provider_raytpu.hooks.log_tail.LogTail`). How much of the log was written
-    is saved in the task's XCom ``raytpu_job_log_offset`` (at most every 5 s while lines are
-    written, and when the trigger is stopped), so a trigger that a restarted triggerer runs
-    again goes on from there instead of writing the log again. The event carries the job's
+    is saved in the task's XCom ``raytpu_job_log_offset`` before the lines up to it are written
+    (at most every 5 s: lines that arrive sooner wait), so a trigger that a restarted triggerer
+    runs again goes on from there and writes each line once. The event carries the job's
     result and its last 50 lines, so the task need not download the log.
 
     Killing the task (mark failed, clear) stops the Ray job through :meth:`on_kill`.
@@ -56,13 +57,12 @@ class RayJobTrigger(BaseTrigger):
         self.raytpu_conn_id = raytpu_conn_id
         self.poll_interval = poll_interval
         self.logged_chars = logged_chars
-        self._partial = ""
+        self._unwritten = ""
         self._tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._result_line: str | None = None
         self._shown = JobLogFollower()
         self._heartbeat = Heartbeat()
-        self._saved = logged_chars
-        self._saved_at = 0.0
+        self._saved_at = -OFFSET_SAVE_SECONDS
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -83,16 +83,12 @@ class RayJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self.hook
-        self.logged_chars = self._saved = max(self.logged_chars, await self._saved_offset())
+        self.logged_chars = max(self.logged_chars, await self._saved_offset())
         from_start = self.logged_chars == 0
         try:
             event = await self._follow(hook)
-        except asyncio.CancelledError:  # the triggerer stops: keep the position for the next one
-            await self._save_offset(force=True)
-            raise
         except Exception as exc:  # no connection, no dashboard: the task fails with the reason
             event = self._event("ERROR", f"Ray job {self.submission_id} unreachable: {exc}")
-        await self._save_offset(force=True)
         if event["status"] in TERMINAL:
             event["log_tail"] = "\n".join(self._tail)
             if from_start or self._result_line is not None:
@@ -110,16 +106,16 @@ class RayJobTrigger(BaseTrigger):
             heartbeat = self._heartbeat
             while True:
                 try:
-                    await asyncio.wait_for(wake.wait(), heartbeat.seconds_left())
-                except TimeoutError:  # quiet: say so at least every PROGRESS_SECONDS
+                    await asyncio.wait_for(wake.wait(), min(heartbeat.seconds_left(), self._save_due_in()))
+                except TimeoutError:  # quiet, or lines held back until the next save
+                    await self._pass_on("")
                     if heartbeat.due():
                         status = job.job["status"] if job.job is not None else "status not read yet"
                         self.log.info("Waiting for Ray job %s: %s, no new output (%.0f s)", self.submission_id,
                                       status, heartbeat.elapsed)
                     continue
                 wake.clear()
-                self._write(tail.take())
-                await self._save_offset()
+                await self._pass_on(tail.take())
                 if job.reads == reads:
                     continue
                 reads = job.reads
@@ -135,18 +131,44 @@ class RayJobTrigger(BaseTrigger):
                     tail.job_running()
                 else:
                     await tail.drain(DRAIN_SECONDS)
-                    self._write(tail.take(), final=True)
+                    await self._pass_on(tail.take(), final=True)
                     return self._event(job.job["status"], job.job.get("message") or "")
 
-    def _write(self, text: str, *, final: bool = False) -> None:
-        """Write the complete lines of ``text`` (after what was held back) to the task log, each once."""
-        lines = (self._partial + text).split("\n")
-        self._partial = lines.pop()
-        written = sum(len(line) + 1 for line in lines)
-        if final and self._partial:  # the log's last line, without a newline
-            lines.append(self._partial)
-            written += len(self._partial)
-            self._partial = ""
+    async def _pass_on(self, text: str, *, final: bool = False) -> None:
+        """Take ``text`` after what was read and not yet written; when a save is due (or the log is
+        complete), save the position after its complete lines, then write them."""
+        self._unwritten += text
+        if not final and self._save_due_in() > 0:
+            return
+        lines = self._unwritten.split("\n")
+        partial = "" if final else lines.pop()  # when final, the log's last line may lack a newline
+        if final and lines[-1] == "":
+            lines.pop()
+        chars = len(self._unwritten) - len(partial)
+        if chars == 0:
+            return
+        self._unwritten = partial
+        saving = asyncio.ensure_future(self._save_offset(self.logged_chars + chars))
+        try:
+            await asyncio.shield(saving)
+        except asyncio.CancelledError:
+            # The triggerer stops mid-save. The save may yet go through: unless it surely failed,
+            # write the lines (one written twice beats one lost).
+            if not (saving.done() and not saving.cancelled() and saving.result() is False):
+                self._write(lines, chars)
+            raise
+        self._write(lines, chars)
+
+    def _save_due_in(self) -> float:
+        """Seconds until lines held back may be saved and written (0: now; inf: none held)."""
+        if "\n" not in self._unwritten:
+            return float("inf")
+        if self._xcom_target() is None:
+            return 0.0
+        return max(0.0, self._saved_at + OFFSET_SAVE_SECONDS - time.monotonic())
+
+    def _write(self, lines: list[str], chars: int) -> None:
+        """Write ``lines``, the next ``chars`` characters of the job's log, to the task log."""
         for line in lines:
             line = line.rstrip("\r")
             self._tail.append(line)
@@ -155,7 +177,7 @@ class RayJobTrigger(BaseTrigger):
         for line in self._shown.shown("\n".join(lines)):
             self.log.info("[ray job] %s", line)
             self._heartbeat.quiet()
-        self.logged_chars += written
+        self.logged_chars += chars
 
     def _event(self, status: str, message: str) -> dict[str, Any]:
         return {"status": status, "message": message, "submission_id": self.submission_id,
@@ -188,20 +210,21 @@ class RayJobTrigger(BaseTrigger):
             return int(saved["logged_chars"])
         return 0
 
-    async def _save_offset(self, *, force: bool = False) -> None:
+    async def _save_offset(self, logged_chars: int) -> bool:
+        """Save that the task log has the job's log up to ``logged_chars``; whether it was saved."""
         target = self._xcom_target()
-        if target is None or self.logged_chars == self._saved:
-            return
-        if not force and time.monotonic() - self._saved_at < OFFSET_SAVE_SECONDS:
-            return
+        if target is None:
+            return True
         from airflow.sdk.execution_time.xcom import XCom
 
-        value = {"submission_id": self.submission_id, "logged_chars": self.logged_chars}
-        self._saved, self._saved_at = self.logged_chars, time.monotonic()
+        self._saved_at = time.monotonic()
+        value = {"submission_id": self.submission_id, "logged_chars": logged_chars}
         try:
             await asyncio.to_thread(XCom.set, LOG_OFFSET_KEY, value, **target)
-        except Exception as exc:  # the log goes on; only a restart would write some lines again
+        except Exception as exc:  # the log goes on; only a restart would write these lines again
             self.log.warning("Could not save how much of Ray job %s's log was written: %s", self.submission_id, exc)
+            return False
+        return True
 
     async def on_kill(self) -> None:
         self.log.info("Task killed: stopping Ray job %s", self.submission_id)

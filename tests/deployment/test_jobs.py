@@ -186,6 +186,12 @@ def test_deferred_job_completes_across_a_triggerer_restart(restarted_count_job: 
     assert any("released after" in line for line in restarted_count_job.log)
 
 
+def test_job_log_has_each_line_once_across_a_triggerer_restart(restarted_count_job: RestartedJob) -> None:
+    seen = ticks(restarted_count_job.log)
+    assert seen == list(range(1, max(seen) + 1))
+    assert sum("released after" in line for line in restarted_count_job.log) == 1
+
+
 def test_clear_reruns_the_failed_job_with_its_setups(cleared_hold_job: ClearedJob) -> None:
     assert cleared_hold_job.cleared == ["create_cluster", "delete_cluster", "hold_job", "wait_ready"]
     assert cleared_hold_job.run_state == "success"

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_raytpu.backends.loop_shared import close_loop_shared
+from airflow_provider_raytpu.triggers import ray_job
 from airflow_provider_raytpu.triggers.ray_job import LOG_OFFSET_KEY, RayJobTrigger
 from tests.fakekube.server import FakeKubeApiServer
 from tests.kube.conftest import NAMESPACE
@@ -132,9 +133,9 @@ async def test_an_unknown_job_is_an_error_event(jobs: JobsStub) -> None:
 
 
 @pytest.fixture
-def task_instance(airflow_home: Path) -> Iterator[SimpleNamespace]:
-    """A task instance in the test database, and Airflow's in-process supervisor comms for its XComs
-    (what the triggerer's supervisor does for a trigger's XCom requests)."""
+def task_instance(airflow_home: Path, request: pytest.FixtureRequest) -> Iterator[SimpleNamespace]:
+    """A task instance of a DAG of the test's own in the test database, and Airflow's in-process
+    supervisor comms for its XComs (what the triggerer's supervisor does for a trigger's XCom requests)."""
     import psutil
     import structlog
     from sqlalchemy import select
@@ -148,15 +149,16 @@ def task_instance(airflow_home: Path) -> Iterator[SimpleNamespace]:
     from airflow.utils.session import create_session
     from tests.airflow_runner import run_dag
 
-    run_dag(airflow_home, """
+    dag_id = f"job_log_{request.node.name[len('test_'):][:60]}"
+    run_dag(airflow_home, f"""
 from datetime import datetime
 from airflow.sdk import DAG
 from airflow.providers.standard.operators.empty import EmptyOperator
-with DAG("job_log_restart", schedule=None, start_date=datetime(2026, 1, 1)):
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1)):
     EmptyOperator(task_id="job")
-""", "job_log_restart")
+""", dag_id)
     with create_session() as session:
-        ti = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == "job_log_restart")).one()
+        ti = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == dag_id)).one()
         found = SimpleNamespace(id=ti.id, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=-1,
                                 try_number=ti.try_number)
     supervisor = InProcessTestSupervisor(id=found.id, pid=os.getpid(), process=psutil.Process(),
@@ -196,3 +198,35 @@ async def test_a_restarted_trigger_goes_on_after_the_lines_already_written(
     assert event["status"] == "SUCCEEDED"
     assert "result" not in event, "the result may have been in the part of the log the first trigger read"
     assert written(capfd) == [f"line {i}" for i in range(12)] + ["half line"] + [f"line {i}" for i in range(12, 20)]
+
+
+async def test_lines_held_until_the_next_save_are_written_once_by_the_next_trigger(
+        jobs: JobsStub, kube: FakeKubeApiServer, task_instance: SimpleNamespace,
+        capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The position is saved before the lines up to it are written: a triggerer that stops while lines
+    wait for the next save has written none of them, and the next trigger writes them."""
+    from airflow.sdk.execution_time.xcom import XCom
+
+    monkeypatch.setattr(ray_job, "OFFSET_SAVE_SECONDS", 3600.0)
+    jobs.add("a", "job-1", log=lines(0, 5))
+    first = trigger("a", "job-1")
+    first.task_instance = task_instance
+    task = asyncio.create_task(first_event(first))
+    await asyncio.to_thread(kube.wait_for, lambda: first.logged_chars == len(lines(0, 5)), 10)  # the first save is due
+    jobs.append("a", "job-1", lines(5, 9))
+    await asyncio.to_thread(kube.wait_for, lambda: "line 8\n" in first._unwritten, 10)  # read, waiting for a save
+    task.cancel()  # the triggerer stops
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await close_loop_shared()
+    assert written(capfd) == [f"line {i}" for i in range(5)]
+    assert XCom.get_one(key=LOG_OFFSET_KEY, dag_id=task_instance.dag_id, task_id="job", run_id=task_instance.run_id,
+                        map_index=-1) == {"submission_id": "job-1", "logged_chars": len(lines(0, 5))}
+
+    second = trigger("a", "job-1")
+    second.task_instance = task_instance
+    task = asyncio.create_task(first_event(second))
+    await asyncio.to_thread(kube.wait_for, lambda: second.logged_chars == len(lines(0, 9)), 10)
+    jobs.finish("a", "job-1")
+    assert (await task)["status"] == "SUCCEEDED"
+    assert written(capfd) == [f"line {i}" for i in range(5, 9)]

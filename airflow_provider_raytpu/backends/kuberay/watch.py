@@ -80,7 +80,7 @@ async def _open(client: k8s_async.ApiClient, path: str, query: Query,
 
 async def get_json(client: k8s_async.ApiClient, path: str, query: Query = (), timeout: float = 60.0,
                    parse: Callable[[bytes], Any] = json.loads) -> Any:
-    """One GET answered with JSON, ``parse``\ d with the garbage collector paused (a non-2xx answer
+    """One GET answered with JSON, parsed with the garbage collector paused (a non-2xx answer
     raises ``ApiException``, as the generated clients do)."""
     response = await _open(client, path, query, timeout)
     try:
