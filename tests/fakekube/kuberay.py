@@ -17,13 +17,15 @@ the ``ReplicaFailure`` condition is set).
 
 Everything runs on the server's event loop, driven by its change callbacks and loop timers: no
 polling, no busy loop.
+
+This module holds the reactor's lifecycle, test controls, event plumbing and the reconcile of one
+RayCluster; the rest are mixins of their own: ``_kuberay_slices`` (a worker group's slices),
+``_kuberay_pods`` (pod lifecycle and deletion) and ``_kuberay_writers`` (status writes).
 """
 
 from __future__ import annotations
 
-import copy
 import logging
-import secrets
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -44,28 +46,20 @@ from ._kuberay_objects import (
     L_HOST_INDEX,
     L_NODE_TYPE,
     L_REPLICA_INDEX,
-    L_REPLICA_NAME,
-    cluster_event,
-    head_service_manifest,
-    head_service_name,
     labels_of,
     owned_by,
     pod_manifest,
-    rand5,
-    running_status,
-    scheduling_event,
-    unschedulable_status,
 )
-from ._kuberay_status import condition, desired_replicas, num_hosts, ray_cluster_status, ray_service_status
+from ._kuberay_pods import FINALIZER, PodLifecycle
+from ._kuberay_slices import SliceReconciler
+from ._kuberay_writers import StatusWriters
 from ._quantity import format_quantity, parse_quantity
-from .server import ApiError, ChangeEvent, FakeKubeApiServer, now_rfc3339, resolve_resource
+from .server import ApiError, ChangeEvent, FakeKubeApiServer
 
 log = logging.getLogger(__name__)
 
-FINALIZER = "ray.io/fakekube-pod-termination"
 
-
-class KubeRayReactor:
+class KubeRayReactor(PodLifecycle, SliceReconciler, StatusWriters):
     """Plays the KubeRay operator for RayClusters stored in ``server``.
 
     :param server: a started :class:`FakeKubeApiServer`.
@@ -179,44 +173,6 @@ class KubeRayReactor:
 
         return self.server.wait_for(ready, timeout)
 
-    # RayService / RayJob status writers (no automatic behaviour) ---------------------------------
-
-    def set_service_status(self, name: str, namespace: str = "default", *,
-                           conditions: Mapping[str, Any] | list[dict] | None = None,
-                           active: Mapping[str, Any] | None = None,
-                           pending: Mapping[str, Any] | None = None,
-                           active_cluster: str | None = None, pending_cluster: str | None = None,
-                           num_serve_endpoints: int | None = None) -> dict:
-        """Write a realistic RayService ``status``.
-
-        ``conditions``: a list of condition dicts, or ``{"Ready": True, "UpgradeInProgress": (False,
-        "NoPendingCluster", "msg")}`` (bool or (status, reason[, message])). ``active`` /
-        ``pending``: ``{app_name: "RUNNING" | {"status": ..., "message": ..., "serveDeploymentStatuses":
-        {...}}}``; ``{}`` clears, None leaves unchanged. Returns the updated RayService."""
-        rs = self.server.get_object("rayservices", namespace, name)
-        if rs is None:
-            raise ApiError.not_found(resolve_resource("rayservices"), name)
-        status = ray_service_status(rs, conditions=conditions, active=active, pending=pending,
-                                    active_cluster=active_cluster, pending_cluster=pending_cluster,
-                                    num_serve_endpoints=num_serve_endpoints)
-        return self.server.set_status("rayservices", namespace, name, status)
-
-    def set_job_status(self, name: str, namespace: str = "default", *, job_status: str | None = None,
-                       deployment_status: str | None = None, **extra: Any) -> dict:
-        """Write a RayJob ``status`` (``jobStatus`` PENDING/RUNNING/STOPPED/SUCCEEDED/FAILED,
-        ``jobDeploymentStatus`` Initializing/Running/Complete/Failed/...; ``extra`` merged in)."""
-        rj = self.server.get_object("rayjobs", namespace, name)
-        if rj is None:
-            raise ApiError.not_found(resolve_resource("rayjobs"), name)
-        status = copy.deepcopy(rj.get("status") or {})
-        if job_status is not None:
-            status["jobStatus"] = job_status
-        if deployment_status is not None:
-            status["jobDeploymentStatus"] = deployment_status
-        status.update(copy.deepcopy(extra))
-        status["observedGeneration"] = rj["metadata"].get("generation", 1)
-        return self.server.set_status("rayjobs", namespace, name, status)
-
     # -- event plumbing (server loop) ------------------------------------------------------------
 
     def _schedule_threadsafe(self, namespace: str, name: str) -> None:
@@ -300,168 +256,6 @@ class KubeRayReactor:
             self._drive_pods(name, pods, mode)
 
         self._write_status(rc, pods, failure)
-
-    def _reconcile_group(self, rc: dict, group: Mapping, gpods: list[dict], mode: Mode):
-        server, ns = self.server, rc["metadata"]["namespace"]
-        hosts = num_hosts(group)
-        gname = group.get("groupName", "")
-        replicas: dict[str, list[dict]] = {}
-        for pod in gpods:
-            key = labels_of(pod).get(L_REPLICA_NAME) if hosts > 1 else pod["metadata"]["name"]
-            replicas.setdefault(key or pod["metadata"]["name"], []).append(pod)
-        # 1. incomplete slices (a host was lost) and 2. slices with a failed host: delete the whole slice
-        doomed = [pods for pods in replicas.values()
-                  if len(pods) < hosts or any((p.get("status") or {}).get("phase") in ("Failed", "Succeeded") for p in pods)]
-        if doomed:
-            for pods in doomed:
-                for pod in pods:
-                    server.delete_object("pods", ns, pod["metadata"]["name"], force=True)
-            return "requeue"
-        desired = desired_replicas(group) // hosts
-        index_of = {k: int(labels_of(v[0]).get(L_REPLICA_INDEX, "0") or 0) for k, v in replicas.items()}
-        if len(replicas) < desired:
-            if mode.kind == "replica_failure":
-                pod_name = f"{rc['metadata']['name']}-{gname}-worker-{rand5()}"
-                return (mode.reason, mode.message.replace("{pod}", pod_name))
-            used = set(index_of.values())
-            for _ in range(desired - len(replicas)):
-                index = next(i for i in range(len(used) + 1) if i not in used)
-                used.add(index)
-                replica_name = f"{gname}-{rand5()}"
-                for host in range(hosts):
-                    extra = {L_REPLICA_INDEX: str(index)}
-                    if hosts > 1:
-                        extra[L_REPLICA_NAME] = replica_name
-                        extra[L_HOST_INDEX] = str(host)
-                    server.create_object(pod_manifest(rc, "worker", gname, group.get("template"), extra))
-        elif len(replicas) > desired:
-            for key in sorted(replicas, key=lambda k: index_of[k], reverse=True)[: len(replicas) - desired]:
-                for pod in replicas[key]:
-                    server.delete_object("pods", ns, pod["metadata"]["name"], force=True)
-        return None
-
-    # -- pods ------------------------------------------------------------------------------------
-
-    def _ensure_head_service(self, rc: dict) -> None:
-        if self.server.get_object("services", rc["metadata"]["namespace"], head_service_name(rc)) is None:
-            self.server.create_object(head_service_manifest(rc))
-
-    def _drive_pods(self, cluster: str, pods: list[dict], mode: Mode) -> None:
-        """Move Pending pods along according to the mode (timers for auto, conditions otherwise)."""
-        order = sorted(pods, key=lambda p: (labels_of(p).get(L_NODE_TYPE) != "head", labels_of(p).get(L_GROUP, ""),
-                                            int(labels_of(p).get(L_REPLICA_INDEX, "0") or 0),
-                                            int(labels_of(p).get(L_HOST_INDEX, "0") or 0), p["metadata"]["name"]))
-        n_new = 0
-        for pod in order:
-            meta, status = pod["metadata"], pod.get("status") or {}
-            key = (meta["namespace"], meta["name"])
-            if status.get("phase") != "Pending" or meta.get("deletionTimestamp"):
-                continue
-            if mode.kind in ("auto", "replica_failure"):
-                if key not in self._timers:
-                    delay = mode.delay if mode.delay is not None else self.delay
-                    stagger = mode.stagger if mode.stagger is not None else self.stagger
-                    self._timers[key] = self.server.loop.call_later(
-                        delay + stagger * n_new, self._make_ready, key, meta["uid"])
-                    n_new += 1
-                continue
-            timer = self._timers.pop(key, None)
-            if timer is not None:
-                timer.cancel()
-            if mode.kind == "unschedulable":
-                self._mark_unschedulable(pod, mode.message)
-
-    def _make_ready(self, key: tuple[str, str], uid: str) -> None:
-        self._timers.pop(key, None)
-        pod = self.server.get_object("pods", *key)
-        if pod is None or pod["metadata"]["uid"] != uid or pod["metadata"].get("deletionTimestamp"):
-            return
-        status = pod.get("status") or {}
-        if status.get("phase") != "Pending":
-            return
-        cluster = labels_of(pod).get(L_CLUSTER, "")
-        if self.mode_for(cluster, key[0]).kind not in ("auto", "replica_failure"):
-            return
-        self._node_seq += 1
-        self._ip_seq += 1
-        spec = pod.setdefault("spec", {})
-        resources = [c.get("resources") or {} for c in spec.get("containers") or []]
-        tpu = any("google.com/tpu" in (r.get("limits") or {}) or "google.com/tpu" in (r.get("requests") or {})
-                  for r in resources)
-        pool = (spec.get("nodeSelector") or {}).get("cloud.google.com/gke-nodepool") or ("tpu-pool" if tpu else "default-pool")
-        spec["nodeName"] = f"gke-fake-{pool}-{secrets.token_hex(2)}-{self._node_seq:04d}"
-        host_ip = f"10.128.{self._ip_seq // 250}.{self._ip_seq % 250 + 2}"
-        pod_ip = f"10.4.{self._ip_seq // 250}.{self._ip_seq % 250 + 2}"
-        pod["status"] = running_status(pod, host_ip, pod_ip)
-        self.server.put_object(pod)
-
-    def _mark_unschedulable(self, pod: dict, message: str) -> None:
-        meta, status = pod["metadata"], pod.get("status") or {}
-        current = condition(status.get("conditions") or [], "PodScheduled")
-        if current and current.get("reason") == "Unschedulable" and current.get("message") == message:
-            return
-        self.server.set_status("pods", meta["namespace"], meta["name"], unschedulable_status(pod, message))
-        self.server.create_object(scheduling_event(pod, message))
-
-    # -- deletion --------------------------------------------------------------------------------
-
-    def _cleanup(self, namespace: str, uid: str) -> None:
-        for plural in ("pods", "services"):
-            for obj in self.server.list_objects(plural, namespace):
-                if owned_by(obj, uid):
-                    key = (namespace, obj["metadata"]["name"])
-                    timer = self._timers.pop(key, None)
-                    if timer is not None:
-                        timer.cancel()
-                    self.server.delete_object(plural, namespace, obj["metadata"]["name"], force=True)
-
-    def _teardown(self, rc: dict) -> None:
-        meta = rc["metadata"]
-        uid, ns, name = meta["uid"], meta["namespace"], meta["name"]
-        if FINALIZER not in (meta.get("finalizers") or []) or uid in self._teardowns:
-            return
-        self._teardowns.add(uid)
-        ts = now_rfc3339()
-        for pod in self.server.list_objects("pods", ns):
-            if owned_by(pod, uid) and not pod["metadata"].get("deletionTimestamp"):
-                pod["metadata"]["deletionTimestamp"] = ts
-                pod["metadata"]["deletionGracePeriodSeconds"] = 30
-                self.server.put_object(pod)
-
-        def finish() -> None:
-            self._teardowns.discard(uid)
-            self._cleanup(ns, uid)
-            current = self.server.get_object("rayclusters", ns, name)
-            if current is not None and current["metadata"]["uid"] == uid:
-                remaining = [f for f in current["metadata"].get("finalizers") or [] if f != FINALIZER]
-                self.server.patch_object("rayclusters", ns, name, {"metadata": {"finalizers": remaining}})
-
-        self.server.loop.call_later(max(self.delete_delay, 0.0), finish)
-
-    # -- status ----------------------------------------------------------------------------------
-
-    def _write_status(self, rc: dict, pods: list[dict], failure: tuple[str, str] | None) -> None:
-        meta = rc["metadata"]
-        if failure is not None:
-            reason, message = failure
-            if meta["uid"] + reason not in self._failure_events:
-                self._failure_events.add(meta["uid"] + reason)
-                self.server.create_object(cluster_event(rc, "Warning", "FailedToCreateWorkerPod",
-                                                        f"Failed to create worker Pod: {message}"))
-        else:
-            self._failure_events = {k for k in self._failure_events if not k.startswith(meta["uid"])}
-        status = ray_cluster_status(rc, pods, failure, self._head_service(rc))
-        if status is not None:
-            self.server.set_status("rayclusters", meta["namespace"], meta["name"], status)
-
-    def _head_service(self, rc: dict) -> dict | None:
-        meta = rc["metadata"]
-        for svc in self.server.list_objects("services", meta["namespace"],
-                                            label_selector={L_CLUSTER: meta["name"], L_NODE_TYPE: "head"}):
-            if owned_by(svc, meta["uid"]):
-                return svc
-        return None
-
 
 __all__ = [
     "DEFAULT_REPLICA_FAILURE_MESSAGE",

@@ -13,6 +13,8 @@ its public API; each concern behind it has a module of its own (see README.md): 
 (API semantics) over ``_store`` (objects, resourceVersions), ``_watches`` (history, watch streams,
 ``on_change``), ``_faults``, ``_proxy`` (service proxy), ``_handler`` (HTTP routing), ``_routing``
 (paths, verbs, request log), ``_discovery``, ``_defaults`` (core defaults, CRD schemas), ``_errors``.
+The fault-injection and state parts of the public API are the mixins ``_fault_api.FaultApi`` and
+``_state_api.StateApi``.
 
 Threading: the aiohttp app runs on its own event loop in a background thread. Objects, history and
 watches sit behind one re-entrant lock, so the test helpers (``put_object``, ``set_status``,
@@ -36,12 +38,14 @@ from aiohttp import web
 
 from ._discovery import KUBERNETES_GIT_VERSION
 from ._errors import ApiError
+from ._fault_api import FaultApi
 from ._faults import FaultInjector
 from ._handler import ApiHandler
 from ._proxy import ServiceProxy
 from ._registry import Registry
 from ._resources import RESOURCE_TYPES, ResourceType, now_rfc3339, resolve_resource
 from ._routing import LoggedRequest, RequestLog
+from ._state_api import StateApi
 from ._store import ObjectStore
 from ._watches import ChangeEvent, ChangeFeed
 
@@ -63,7 +67,7 @@ __all__ = [
 ]
 
 
-class FakeKubeApiServer:
+class FakeKubeApiServer(FaultApi, StateApi):
     """A fake Kubernetes API server on 127.0.0.1 (plain HTTP, or HTTPS with ``tls``; bearer token auth).
 
     :param history_limit: how many change events are kept for watch resume; older
@@ -281,75 +285,6 @@ class FakeKubeApiServer:
             json.dump(self.kubeconfig_dict(namespace), fh, indent=2)
         return str(path)
 
-    # -- fault injection ---------------------------------------------------------------------
-
-    def inject(self, method: str | None, path_regex: str, status: int, *, times: int | None = 1,
-               retry_after: float | int | None = None, body: Any = None, message: str | None = None,
-               watch: bool | None = None) -> None:
-        """Answer the next ``times`` requests matching ``method`` (None/"*" = any) and ``path_regex``
-        (``re.search`` on the URL path) with ``status`` and a Status body (or ``body``: dict -> JSON,
-        str/bytes verbatim). 429 always carries ``Retry-After`` (default 1; integer seconds).
-        ``times=None``: forever. ``watch`` restricts to watch (True) or non-watch (False) requests.
-
-        Note: urllib3 (the sync client) itself retries GET/PUT/DELETE answered 413/429/503 *with*
-        a Retry-After header (up to 3 times, sleeping Retry-After), like it would against a real
-        server; aiohttp (kubernetes_asyncio) does not."""
-        self._faults.inject(method, path_regex, status, times=times, retry_after=retry_after, body=body,
-                            message=message, watch=watch)
-
-    def reset_connection(self, method: str | None, path_regex: str, times: int | None = 1, *,
-                         watch: bool | None = None) -> None:
-        """Close the TCP connection (RST) of the next ``times`` matching requests without a response.
-
-        Note: urllib3 (the sync client) retries idempotent methods (GET, PUT, DELETE) up to 3 times
-        on a reset, so a single reset of a GET is invisible to it."""
-        self._faults.reset_connection(method, path_regex, times, watch=watch)
-
-    def lose_answers(self, method: str | None, path_regex: str, times: int | None = 1) -> None:
-        """Carry out the next ``times`` matching requests (``None``: all), then close the connection (RST)
-        without the answer: a create that landed although its client saw it fail."""
-        self._faults.lose_answers(method, path_regex, times)
-
-    def clear_faults(self) -> None:
-        """Disarm every fault, denial and latency."""
-        self._faults.clear()
-
-    def latency(self, seconds: float) -> None:
-        """Delay every request by ``seconds`` before it is answered (0 disables)."""
-        self._faults.latency = float(seconds)
-
-    def deny(self, verb: str, resource: str, namespace: str | None = None, *, times: int | None = None) -> None:
-        """RBAC-style denial: matching requests get 403 Forbidden with the real server's message.
-        ``verb``: get/list/watch/create/update/patch/delete/deletecollection or "*"; ``resource``:
-        a plural, optionally with a subresource ("rayclusters/status")."""
-        self._faults.deny(verb, resource, namespace, times=times)
-
-    def cut_watches(self) -> int:
-        """Abruptly close every open watch stream mid-stream (no terminating chunk); returns how many."""
-        return self._feed.cut_all()
-
-    @property
-    def open_watches(self) -> int:
-        return self._feed.open_watches
-
-    def end_watches(self) -> None:
-        """End every open watch stream cleanly, as the server does when a watch's ``timeoutSeconds`` is up."""
-        self.loop.call_soon_threadsafe(self._feed.end_all)
-
-    def drop_connections(self) -> int:
-        """What clients see of an API server restart (its state kept, as in etcd): every watch stream is
-        cut and every client connection closed at once. Returns how many connections were closed."""
-        self.cut_watches()
-
-        async def drop() -> int:
-            server = self._runner.server if self._runner is not None else None
-            transports = list(server._connections.values()) if server is not None else []
-            for transport in transports:
-                transport.abort()
-            return len(transports)
-
-        return asyncio.run_coroutine_threadsafe(drop(), self.loop).result(10)
-
     # -- request log -------------------------------------------------------------------------
 
     @property
@@ -368,66 +303,3 @@ class FakeKubeApiServer:
 
     def clear_log(self) -> None:
         self._log.clear()
-
-    # -- changes -----------------------------------------------------------------------------
-
-    def on_change(self, callback: Callable[[ChangeEvent], None]) -> Callable[[], None]:
-        """Call ``callback(event)`` on the server loop after every committed change, in order.
-        Returns a function that unsubscribes."""
-        return self._feed.on_change(callback)
-
-    def wait_for(self, predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
-        """Block until ``predicate()`` is truthy (re-checked after every commit and every watch
-        opened/closed, at the latest every 0.5 s; never spins).
-        The predicate runs without the server lock, so it may use an API client. Returns its value;
-        raises TimeoutError."""
-        return self._feed.wait_for(predicate, timeout)
-
-    def compact(self) -> None:
-        """Drop the whole event history: any watch resuming from an older resourceVersion gets 410."""
-        self._registry.compact()
-
-    # -- state helpers (thread-safe, go through the same event path as API writes) ------------
-
-    @property
-    def resource_version(self) -> str:
-        return self._registry.resource_version
-
-    def get_object(self, resource: str | ResourceType, namespace: str, name: str) -> dict | None:
-        return self._registry.get_object(resource, namespace, name)
-
-    def list_objects(self, resource: str | ResourceType, namespace: str | None = None, *,
-                     label_selector: str | dict | None = None, field_selector: str | None = None) -> list[dict]:
-        return self._registry.list_objects(resource, namespace, label_selector=label_selector,
-                                           field_selector=field_selector)
-
-    def put_object(self, obj: dict) -> dict:
-        """Create or replace ``obj`` as given, status included (no API validation); emits ADDED or
-        MODIFIED. uid/creationTimestamp of an existing object are kept; generation is bumped on a
-        spec change."""
-        return self._registry.put_object(obj)
-
-    def create_object(self, obj: dict, *, namespace: str | None = None) -> dict:
-        """Create like ``POST`` does (validation, generateName, status reset); raises ApiError."""
-        return self._registry.create_object(obj, namespace=namespace)
-
-    def patch_object(self, resource: str | ResourceType, namespace: str, name: str, patch: dict, *,
-                     subresource: str | None = None) -> dict:
-        """Merge-patch like ``PATCH`` does (status ignored on the main resource); raises ApiError."""
-        return self._registry.patch_object(resource, namespace, name, patch, subresource=subresource)
-
-    def set_status(self, resource: str | ResourceType, namespace: str, name: str, status: dict | None) -> dict:
-        """Replace ``.status`` through the status subresource path (watchers see MODIFIED)."""
-        return self._registry.set_status(resource, namespace, name, status)
-
-    def delete_object(self, resource: str | ResourceType, namespace: str, name: str, *,
-                      force: bool = False) -> dict | None:
-        """Delete like ``DELETE`` does (finalizers respected) or, with ``force``, remove at once.
-        Returns the deleted/terminating object, or None if there was none."""
-        return self._registry.delete_object(resource, namespace, name, force=force)
-
-    def register_service_proxy(self, namespace: str, service: str, port: str | int, target_url: str) -> None:
-        """Serve ``/api/v1/namespaces/<ns>/services/<service>:<port>/proxy/...`` by forwarding to
-        ``target_url`` (e.g. a local Ray dashboard). Without a registration the proxy answers 503
-        ``no endpoints available for service``, like a service without ready endpoints."""
-        self._proxy.register(namespace, service, port, target_url)
