@@ -109,7 +109,7 @@ async def ours_cluster(server: Any, reactor: Any, backend: Any, clock: ChangeClo
 
 
 class ServicePlay:
-    """KubeRay's RayService controller for one service, as tests/kube/test_rayservice.py plays it."""
+    """KubeRay's RayService controller for one service, as tests/kube/rayservice_controller.py plays it."""
 
     def __init__(self, server: Any, reactor: Any, backend: Any, name: str) -> None:
         self.server, self.reactor, self.backend, self.name = server, reactor, backend, name

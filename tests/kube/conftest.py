@@ -8,6 +8,7 @@ updates; the official Kubernetes clients talk to it exactly as to a real one.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -15,6 +16,9 @@ from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 from tests.fakekube.kuberay import KubeRayReactor
 from tests.fakekube.server import FakeKubeApiServer
+
+if TYPE_CHECKING:
+    from tests.kube.rayservice_controller import RayServiceController
 
 NAMESPACE = "ml"
 
@@ -48,3 +52,12 @@ def backend(connections: None) -> KubeRayBackend:
     backend = RayTpuHook().backend
     assert isinstance(backend, KubeRayBackend)
     return backend
+
+
+@pytest.fixture
+def controller(kube: FakeKubeApiServer, kuberay: KubeRayReactor) -> RayServiceController:
+    """KubeRay's RayService controller for the service ``chat``, played by the test (imported here, not at the
+    top: rayservice_controller.py imports ``NAMESPACE`` from this module)."""
+    from tests.kube.rayservice_controller import RayServiceController
+
+    return RayServiceController(kube, kuberay)
