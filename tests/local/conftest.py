@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from airflow_provider_raytpu.backends.local import LocalBackend
@@ -27,6 +29,13 @@ from airflow_provider_raytpu.status import ClusterStatus
 from airflow_provider_raytpu.tpu import TpuSlice
 
 CLUSTER_READY_TIMEOUT = 150.0
+
+TPU_LABELS = {
+    "ray.io/tpu-slice-name": "emu-slice-0",
+    "ray.io/tpu-topology": "2x2x2",
+    "ray.io/tpu-pod-type": "v4-16",
+    "ray.io/accelerator-type": "TPU-V4",
+}
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,31 @@ def emulated_cluster(local_backend: LocalBackend) -> Iterator[EmulatedCluster]:
     cluster = EmulatedCluster("emu", "default", manifest, result.action.value)
     yield cluster
     local_backend.delete_cluster(cluster.name, cluster.namespace)
+
+
+@pytest.fixture(scope="module")
+def a_ray_token_in_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A module that asks for it (``usefixtures``) runs as a user whose ``~/.ray/auth_token`` a
+    plain ``ray.init()`` left behind.
+
+    With ``RAY_AUTH_MODE`` unset, every Ray process that finds that file switches to token
+    authentication; the local backend's clusters must still come up and serve jobs.
+    """
+    home = tmp_path_factory.mktemp("home")
+    (home / ".ray").mkdir()
+    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HOME", str(home))
+    patch.delenv("RAY_AUTH_MODE", raising=False)
+    yield home
+    patch.undo()
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 async def watch_until(

@@ -1,8 +1,9 @@
 """The local backend on real Ray processes: one emulated v4 2x2x2 slice for the whole module.
 
 The tests run in file order and share the module's cluster: READY, Ray's own slice
-placement on it, adoption, whole-slice recreation after a host dies, refusal of slices
-too large for the machine, and a delete that stops exactly the cluster's processes.
+placement on it, adoption, whole-slice recreation after a host dies, and a delete that
+stops exactly the cluster's processes. Refusals and failures on clusters of their own are in
+test_local_failures.py; the pure plan in test_local_plan.py.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -24,24 +24,22 @@ import pytest
 
 from airflow_provider_raytpu.backends.base import Applied
 from airflow_provider_raytpu.backends.local import LocalBackend
-from airflow_provider_raytpu.backends.local.plan import plan_cluster
 from airflow_provider_raytpu.backends.local.process import free_port, port_open
-from airflow_provider_raytpu.backends.settings import ConnectionSettings
-from airflow_provider_raytpu.errors import ConflictError, InvalidInputError
+from airflow_provider_raytpu.errors import ConflictError
 from airflow_provider_raytpu.manifests.options import RayClusterOptions
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.status import Phase
 from airflow_provider_raytpu.tpu import TpuSlice
-from tests.local.conftest import CLUSTER_READY_TIMEOUT, EmulatedCluster, run_driver, watch_until
+from tests.local.conftest import (
+    CLUSTER_READY_TIMEOUT,
+    TPU_LABELS,
+    EmulatedCluster,
+    alive,
+    run_driver,
+    watch_until,
+)
 
-pytestmark = pytest.mark.ray
-
-TPU_LABELS = {
-    "ray.io/tpu-slice-name": "emu-slice-0",
-    "ray.io/tpu-topology": "2x2x2",
-    "ray.io/tpu-pod-type": "v4-16",
-    "ray.io/accelerator-type": "TPU-V4",
-}
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("a_ray_token_in_home")]
 
 
 def _pids(backend: LocalBackend, cluster: EmulatedCluster) -> dict[str, int]:
@@ -52,30 +50,6 @@ def _pids(backend: LocalBackend, cluster: EmulatedCluster) -> dict[str, int]:
         for host in slice_["hosts"]:
             pids[f"slice {slice_['index']} host {host['worker_id']}"] = host["pid"]
     return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-@pytest.fixture(scope="module", autouse=True)
-def a_ray_token_in_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The module runs as a user whose ``~/.ray/auth_token`` a plain ``ray.init()`` left behind.
-
-    With ``RAY_AUTH_MODE`` unset, every Ray process that finds that file switches to token
-    authentication; the local backend's clusters must still come up and serve jobs.
-    """
-    home = tmp_path_factory.mktemp("home")
-    (home / ".ray").mkdir()
-    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
-    patch = pytest.MonkeyPatch()
-    patch.setenv("HOME", str(home))
-    patch.delenv("RAY_AUTH_MODE", raising=False)
-    yield home
-    patch.undo()
 
 
 @pytest.mark.timeout(300)
@@ -236,7 +210,7 @@ async def test_a_dead_host_makes_the_supervisor_recreate_the_whole_slice(
     assert after["supervisor"] == before["supervisor"] and after["head"] == before["head"]
     assert after["slice 0 host 0"] != before["slice 0 host 0"]
     assert after["slice 0 host 1"] != before["slice 0 host 1"]
-    assert not _alive(before["slice 0 host 0"]) and not _alive(before["slice 0 host 1"])
+    assert not alive(before["slice 0 host 0"]) and not alive(before["slice 0 host 1"])
     state = local_backend.state(name, namespace)
     assert state["slices"][0]["restarts"] == 1
 
@@ -246,33 +220,6 @@ async def test_a_dead_host_makes_the_supervisor_recreate_the_whole_slice(
     infos = GcsClient(address=state["gcs_address"]).get_all_node_info(timeout=10).values()
     alive_tpu = {i.node_id.hex() for i in infos if i.state == 0 and "TPU" in i.resources_total}
     assert alive_tpu == {h["node_id"] for h in state["slices"][0]["hosts"]}
-
-
-@pytest.mark.timeout(60)
-def test_a_slice_too_large_for_the_machine_is_refused_before_anything_starts(
-    local_backend: LocalBackend, raytpu_home: Path
-) -> None:
-    manifest = build_ray_cluster(name="too-big", namespace="default", tpu=TpuSlice("v4", "4x4x4"))
-    with pytest.raises(InvalidInputError) as caught:
-        local_backend.apply_cluster(manifest)
-    message = str(caught.value)
-    assert "topology='4x4x4'" in message and "16 TPU hosts" in message and "local_max_hosts=8" in message
-    assert "smaller topology" in message
-    assert not local_backend.cluster_dir("too-big", "default").exists()
-    assert local_backend.get_cluster("too-big", "default") is None
-    assert local_backend.cluster_status("too-big", "default").phase is Phase.GONE
-
-    # The limit is the connection's to raise.
-    roomy = ConnectionSettings.from_extra("raytpu_default", {"backend": "local", "local_home": str(raytpu_home),
-                                                             "local_max_hosts": "16"})
-    assert plan_cluster(manifest, roomy.local_max_hosts).total_hosts == 16
-
-    # A worker group edited away from the slice annotation is refused too.
-    edited = build_ray_cluster(name="edited", namespace="default", tpu=TpuSlice("v4", "2x2x2"))
-    edited["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 3
-    with pytest.raises(InvalidInputError, match="numOfHosts"):
-        local_backend.apply_cluster(edited)
-    assert not local_backend.cluster_dir("edited", "default").exists()
 
 
 @pytest.mark.timeout(180)
@@ -307,10 +254,10 @@ def test_delete_stops_exactly_the_clusters_processes(
 
         assert local_backend.delete_cluster(name, namespace) is True
 
-        assert [pid for pid in everything if _alive(pid)] == []
-        group = [pid for pid in psutil.pids() if _alive(pid) and _group_and_session(pid) & {supervisor["pgid"]}]
+        assert [pid for pid in everything if alive(pid)] == []
+        group = [pid for pid in psutil.pids() if alive(pid) and _group_and_session(pid) & {supervisor["pgid"]}]
         assert group == []
-        assert all(_alive(pid) for pid in other_tree)
+        assert all(alive(pid) for pid in other_tree)
         assert not cluster_dir.exists() and not Path(state["temp_dir"]).exists()
         assert local_backend.get_cluster(name, namespace) is None
         assert local_backend.cluster_status(name, namespace).phase is Phase.GONE
@@ -326,122 +273,8 @@ def test_delete_stops_exactly_the_clusters_processes(
         shutil.rmtree(other_temp, ignore_errors=True)
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return []
-
-
-def _name(pid: int) -> str:
-    try:
-        return psutil.Process(pid).name()
-    except psutil.Error:
-        return ""
-
-
 def _group_and_session(pid: int) -> set[int]:
     try:
         return {os.getpgid(pid), os.getsid(pid)}
     except OSError:
         return set()
-
-
-@pytest.mark.timeout(180)
-def test_concurrent_creates_start_one_supervisor_and_an_orphaned_cluster_is_cleaned_up(
-    local_backend: LocalBackend,
-) -> None:
-    """Two simultaneous applies of a new cluster: one creates, one adopts; then the supervisor is
-    killed (status FAILED, as with a lost operator) and delete still finds every process."""
-    manifest = build_ray_cluster(name="race", namespace="other", tpu=TpuSlice("v4", "2x2x1"))
-    try:
-        actions: list[Applied] = []
-        threads = [threading.Thread(target=lambda: actions.append(local_backend.apply_cluster(manifest).action))
-                   for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
-        assert sorted(a.value for a in actions) == ["adopted", "created"]
-        assert [c["metadata"]["name"] for c in local_backend.list_clusters("other", "app.kubernetes.io/managed-by")] == [
-            "race"
-        ]
-        supervisor = local_backend.supervisor("race", "other")
-        supervisors = [
-            pid for pid in psutil.pids()
-            if "airflow_provider_raytpu.backends.local.supervisor" in (command := " ".join(_cmdline(pid)))
-            and str(local_backend.cluster_dir("race", "other")) in command
-        ]
-        assert supervisors == [supervisor["pid"]]
-
-        # Once the head's GCS runs, lose the supervisor.
-        deadline = time.monotonic() + 90
-        while "gcs_server" not in {_name(pid) for pid in local_backend.cluster_processes("race", "other")}:
-            assert time.monotonic() < deadline, local_backend.diagnose("race", "other")
-            time.sleep(0.5)
-        everything = local_backend.cluster_processes("race", "other")
-        temp_dir = Path(local_backend.state("race", "other")["temp_dir"])
-        os.kill(supervisor["pid"], signal.SIGKILL)
-        psutil.Process(supervisor["pid"]).wait(10)
-        status = local_backend.cluster_status("race", "other")
-        assert status.phase is Phase.FAILED and status.reason == "SupervisorNotRunning"
-        assert "supervisor" in local_backend.diagnose("race", "other")
-
-        assert local_backend.delete_cluster("race", "other") is True
-        assert [pid for pid in everything if _alive(pid)] == []
-        assert not temp_dir.exists()
-        assert local_backend.cluster_status("race", "other").phase is Phase.GONE
-    finally:
-        local_backend.delete_cluster("race", "other")
-
-
-@pytest.mark.timeout(120)
-async def test_a_head_that_cannot_start_makes_the_cluster_failed_with_its_log(
-    local_backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("RAYTPU_LOCAL_MAX_FAILED_STARTS", "1")  # read by the supervisor: fail on the first try
-    manifest = build_ray_cluster(
-        name="broken", namespace="default", tpu=TpuSlice("v4", "2x2x1"),
-        options=RayClusterOptions(head_ray_start_params={"resources": '"{\\"x\\": -1}"'}),
-    )
-    assert local_backend.apply_cluster(manifest).action is Applied.CREATED
-    try:
-        seen = await watch_until(local_backend, "broken", "default", lambda s: s.finished, 90)
-        assert seen[-1].phase is Phase.FAILED and seen[-1].reason == "HeadFailed"
-        diagnosis = await local_backend.adiagnose("broken", "default")
-        assert "Resource quantities must be nonnegative" in diagnosis
-    finally:
-        assert local_backend.delete_cluster("broken", "default") is True
-
-
-def test_the_plan_gives_each_host_what_a_gke_tpu_host_gets() -> None:
-    """Pure: the manifest -> local Ray nodes mapping, for two slices (no process is started)."""
-    manifest = build_ray_cluster(name="two", namespace="default", tpu=TpuSlice("v4", "2x2x2", num_slices=2),
-                                 options=RayClusterOptions(env={"FOO": "bar", "JAX_PLATFORMS": "tpu"},
-                                                           head_resources={"cpu": "4"}))
-    plan = plan_cluster(manifest, 8)
-    assert plan.slice_names == ("two-slice-0", "two-slice-1") and plan.total_hosts == 4
-    assert plan.head.num_cpus == 1 and plan.head.env["FOO"] == "bar" and not plan.head.resources
-    for index, hosts in enumerate(plan.slices):
-        for worker_id, host in enumerate(hosts):
-            head_resource = {"TPU-v4-16-head": 1.0} if worker_id == 0 else {}
-            assert host.resources == {"TPU": 4.0, f"two-slice-{index}": 1.0, "accelerator_type:TPU-V4": 1.0,
-                                      **head_resource}
-            assert host.labels == {"ray.io/tpu-slice-name": f"two-slice-{index}",
-                                   "ray.io/tpu-worker-id": str(worker_id), **{k: v for k, v in TPU_LABELS.items()
-                                                                             if k != "ray.io/tpu-slice-name"}}
-            assert host.env == {"FOO": "bar", "TPU_NAME": f"two-slice-{index}", "TPU_WORKER_ID": str(worker_id),
-                                "TPU_ACCELERATOR_TYPE": "v4-16", "TPU_TOPOLOGY": "2x2x2", "JAX_PLATFORMS": "cpu"}
-            assert host.num_cpus == 1
-
-
-def test_label_selectors_follow_kubernetes() -> None:
-    from airflow_provider_raytpu.backends.local.selectors import selector_matches
-
-    labels = {"app.kubernetes.io/managed-by": "airflow-provider-raytpu", "tier": "gold"}
-    assert selector_matches(labels, "")
-    assert selector_matches(labels, "app.kubernetes.io/managed-by=airflow-provider-raytpu,tier")
-    assert selector_matches(labels, "tier in (gold, silver),!missing,tier!=bronze")
-    assert not selector_matches(labels, "tier notin (gold)")
-    assert not selector_matches(labels, "tier==silver")
-    assert not selector_matches(labels, "missing in (x)")
