@@ -4,7 +4,7 @@ plane, and the per-test and per-module setup every integration module shares.
 Another test tree gets the same session fixture with::
 
     # tests/integration/conftest.py
-    from tests.k8s.controlplane import k8s_control_plane  # noqa: F401  (session fixture)
+    from tests.k8s.session import k8s_control_plane  # noqa: F401  (session fixture)
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.k8s.controlplane import ControlPlane, k8s_control_plane  # noqa: F401  (session fixture)
+from tests.k8s.controlplane import ControlPlane
+from tests.k8s.session import k8s_control_plane  # noqa: F401  (session fixture)
 from tests.k8s.support import Connections, NodePools, force_delete_clusters, suffix
 
 

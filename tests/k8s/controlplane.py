@@ -29,7 +29,7 @@ Usage::
         cp.add_node_pool("v6e-4x4", tpu="tpu-v6e-slice", topology="4x4", num_nodes=8)
         core = kubernetes.client.CoreV1Api(cp.api_client())
 
-or the session fixture :func:`k8s_control_plane` (import it into a conftest).
+or the session fixture :func:`tests.k8s.session.k8s_control_plane` (import it into a conftest).
 
 Each component logs to ``<tmpdir>/logs/<name>.log``; a component that fails to
 start raises :class:`ControlPlaneError` with the tail of its log. Everything
@@ -39,21 +39,20 @@ is killed hard.
 
 This module orchestrates; the pieces are their own modules: ``processes`` (binaries,
 ports, one process), ``components`` (each process's command line), ``pki``,
-``nodes`` (GKE-like node pools) and ``kubelet`` (the virtual kubelet).
+``nodes`` (GKE-like node pools), ``kubelet`` (the virtual kubelet), and the mixins
+``startup`` (start and wait: health probes, CRDs) and ``auth`` (token file,
+kubeconfigs, ServiceAccount tokens); ``session`` has the pytest fixture.
 """
 
 from __future__ import annotations
 
 import atexit
-import base64
-import concurrent.futures
 import contextlib
 import json
 import os
 import secrets
 import shutil
 import ssl
-import sys
 import tempfile
 import threading
 import time
@@ -64,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.k8s.auth import Credentials
 from tests.k8s.components import (
     apiserver_argv,
     controller_manager_argv,
@@ -77,11 +77,11 @@ from tests.k8s.nodes import GkeNodePools
 from tests.k8s.pki import write_pki
 from tests.k8s.podnet import PodNetwork, PodNetworkUnavailable
 from tests.k8s.processes import BinariesNotBuilt, Component, ControlPlaneError, find_bin_dir, free_ports
+from tests.k8s.startup import StartupWaits
 from tests.k8s.tpuwebhook import NAMESPACE_LABEL as TPU_WEBHOOK_LABEL
 from tests.k8s.tpuwebhook import TpuWebhook
 
-__all__ = ["BinariesNotBuilt", "ControlPlane", "ControlPlaneError", "VirtualKubelet", "control_plane_session",
-           "k8s_control_plane"]
+__all__ = ["BinariesNotBuilt", "ControlPlane", "ControlPlaneError", "VirtualKubelet"]
 
 
 @dataclass
@@ -91,7 +91,7 @@ class _Identity:
     token: str = field(default_factory=lambda: secrets.token_hex(24))
 
 
-class ControlPlane:
+class ControlPlane(StartupWaits, Credentials):
     """etcd + kube-apiserver + scheduler + controller-manager + KubeRay operator.
 
     Attributes: ``server`` (https URL), ``admin_token``, ``ca_path``,
@@ -253,74 +253,11 @@ class ControlPlane:
     def pids(self) -> dict[str, int]:
         return {n: c.pid for n, c in self.components.items() if c.pid is not None}
 
-    # ------------------------------------------------------------ auth files
-    def _write_auth_files(self) -> None:
-        lines = []
-        for ident in self.identities.values():
-            groups = ",".join(ident.groups)
-            lines.append(f'{ident.token},{ident.user},{ident.user},"{groups}"' if groups
-                         else f"{ident.token},{ident.user},{ident.user}")
-        self.token_file = self.workdir / "tokens.csv"
-        self.token_file.write_text("\n".join(lines) + "\n")
-        self.token_file.chmod(0o600)
-        for name in self.identities:
-            path = self.workdir / f"{name}.kubeconfig"
-            path.write_text(json.dumps(self.kubeconfig_dict(token=self.identities[name].token, user=name), indent=1))
-            path.chmod(0o600)
-        self.kubeconfig_path = self.workdir / "admin.kubeconfig"
-
-    def kubeconfig_dict(self, *, token: str | None = None, user: str = "admin",
-                        namespace: str = "default") -> dict[str, Any]:
-        """A kubeconfig as a dict (CA embedded), e.g. for an Airflow
-        cncf-kubernetes connection's ``kube_config`` extra. Admin by default."""
-        ca_data = base64.b64encode(self.pki["ca_crt"].read_bytes()).decode() if self.pki else None
-        cluster: dict[str, Any] = {"server": self.server}
-        if ca_data:
-            cluster["certificate-authority-data"] = ca_data
-        return {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "raytpu-test", "cluster": cluster}],
-            "users": [{"name": user, "user": {"token": token or self.admin_token}}],
-            "contexts": [{"name": "raytpu-test", "context": {"cluster": "raytpu-test", "user": user,
-                                                              "namespace": namespace}}],
-            "current-context": "raytpu-test",
-            "preferences": {},
-        }
-
-    def api_client(self, token: str | None = None):
-        """A new ``kubernetes.client.ApiClient`` (admin unless ``token``)."""
-        from kubernetes import config
-
-        return config.new_client_from_config_dict(self.kubeconfig_dict(token=token))
-
     # --------------------------------------------------------------- components
     def _component(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
         comp = Component(name, argv, self.logs_dir / f"{name}.log", env)
         self.components[name] = comp
         return comp
-
-    # --------------------------------------------------------------- waiting
-    def _start_and_wait(self, comp: Component, probe: Callable[[], bool], deadline: float) -> None:
-        comp.spawn()
-        self._wait(comp, probe, deadline)
-
-    def _wait(self, comp: Component, probe: Callable[[], bool], deadline: float) -> None:
-        delay = 0.05
-        while True:
-            if not comp.alive():
-                rc = comp.proc.returncode if comp.proc else None
-                raise ControlPlaneError(
-                    f"{comp.name} exited (rc={rc}) during startup; log {comp.log_path}:\n{comp.log_tail()}")
-            with contextlib.suppress(Exception):
-                if probe():
-                    comp.ready_after = round(time.monotonic() - comp.started_at, 2)
-                    return
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(
-                    f"{comp.name} not healthy in time; log {comp.log_path}:\n{comp.log_tail()}")
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
 
     def _ssl_ctx(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.pki["ca_crt"]))
@@ -337,114 +274,7 @@ class ControlPlane:
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
-    def _etcd_healthy(self) -> bool:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.etcd_port}/health", timeout=2) as r:
-            return r.status == 200 and b'"true"' in r.read()
-
-    def _apiserver_ready(self) -> bool:
-        status, _ = self.request("GET", "/readyz", timeout=3)
-        return status == 200
-
-    def _https_healthz(self, port: int) -> bool:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE  # self-signed serving certs of the component
-        with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx, timeout=2) as r:
-            return r.status == 200
-
-    def _operator_ready(self) -> bool:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.operator_probe_port}/readyz", timeout=2) as r:
-            return r.status == 200
-
-    def _apply_crds(self, deadline: float) -> None:
-        files = sorted(self.crd_dir.glob("ray.io_*.yaml"))
-        if not files:
-            raise ControlPlaneError(f"no KubeRay CRDs in {self.crd_dir} (run build_binaries.sh)")
-        def create(f: Path) -> str:
-            # The API server takes YAML directly: no slow client-side parsing
-            # of the ~1 MB schemas.
-            status, body = self.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                                        f.read_bytes(), content_type="application/yaml", timeout=60)
-            if status not in (200, 201, 409):
-                raise ControlPlaneError(f"creating CRD {f.name}: HTTP {status}: {body[:2000]!r}")
-            return f"{f.name[len('ray.io_'):-len('.yaml')]}.ray.io"
-
-        # All at once: the API server then rebuilds its OpenAPI documents
-        # (the costly part, ~1 MB schemas each) fewer times.
-        with concurrent.futures.ThreadPoolExecutor(len(files)) as pool:
-            names = list(pool.map(create, files))
-        self.crd_names = names
-        # Cheap wait first: a CRD's resource shows up in discovery only once
-        # it is Established. Then confirm on each (~1 MB) object once.
-        plurals = {n.split(".", 1)[0] for n in names}
-        while True:
-            status, body = self.request("GET", "/apis/ray.io/v1")
-            if status == 200 and plurals <= {r["name"] for r in json.loads(body).get("resources", [])}:
-                break
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(f"ray.io/v1 resources {sorted(plurals)} not served in time")
-            time.sleep(0.1)
-        for name in names:
-            while True:
-                status, body = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                if status == 200:
-                    conds = (json.loads(body).get("status") or {}).get("conditions") or []
-                    if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
-                        break
-                if time.monotonic() > deadline:
-                    raise ControlPlaneError(f"CRD {name} not Established in time")
-                time.sleep(0.1)
-
-    def _wait_default_service_account(self, deadline: float) -> None:
-        # Pods cannot be created before the serviceaccount controller made
-        # `default` in the namespace; tests should not race it.
-        while True:
-            status, _ = self.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")
-            if status == 200:
-                return
-            kcm = self.components["kube-controller-manager"]
-            if not kcm.alive() or time.monotonic() > deadline:
-                raise ControlPlaneError(f"no default ServiceAccount; kube-controller-manager log:\n{kcm.log_tail()}")
-            time.sleep(0.1)
-
-    # --------------------------------------------------------- service accounts
-    def token_for(self, serviceaccount: str, namespace: str = "default", *, create: bool = True,
-                  expiration_seconds: int = 3600, audiences: list[str] | None = None,
-                  cluster_role: str | None = None) -> str:
-        """A bearer token of ServiceAccount ``namespace/serviceaccount`` (TokenRequest API).
-
-        ``create`` makes the ServiceAccount if missing; ``cluster_role`` (e.g.
-        "cluster-admin", "edit", "view") binds it cluster-wide.
-        """
-        from kubernetes import client
-        from kubernetes.client.rest import ApiException
-
-        with self.api_client() as api:
-            core = client.CoreV1Api(api)
-            if create:
-                try:
-                    core.create_namespaced_service_account(namespace, client.V1ServiceAccount(
-                        metadata=client.V1ObjectMeta(name=serviceaccount)))
-                except ApiException as e:
-                    if e.status != 409:
-                        raise
-            if cluster_role:
-                rbac = client.RbacAuthorizationV1Api(api)
-                binding = client.V1ClusterRoleBinding(
-                    metadata=client.V1ObjectMeta(name=f"{namespace}-{serviceaccount}-{cluster_role}"),
-                    role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole",
-                                              name=cluster_role),
-                    subjects=[client.RbacV1Subject(kind="ServiceAccount", name=serviceaccount,
-                                                   namespace=namespace)])
-                try:
-                    rbac.create_cluster_role_binding(binding)
-                except ApiException as e:
-                    if e.status != 409:
-                        raise
-            tr = core.create_namespaced_service_account_token(serviceaccount, namespace, client.AuthenticationV1TokenRequest(
-                spec=client.V1TokenRequestSpec(audiences=audiences or [], expiration_seconds=expiration_seconds)))
-            return tr.status.token
-
+    # --------------------------------------------------------- namespaces
     def create_namespace(self, name: str, timeout: float = 30.0, *, tpu_webhook: bool = False) -> str:
         """Create a namespace and wait for its ``default`` ServiceAccount
         (pods are rejected until the serviceaccount controller made it).
@@ -483,41 +313,3 @@ class ControlPlane:
         """Delete a Node (like a GKE preemption / node-pool scale-down); the
         virtual kubelet fails and deletes its pods."""
         self.gke_nodes.delete_node(name)
-
-
-def control_plane_session(request=None, **kwargs: Any) -> Iterator[ControlPlane]:
-    """Generator body for a session fixture; skips if binaries are not built.
-
-    With a pytest ``request``, the work dir (component logs) is kept and its
-    path printed when a test of the session failed.
-    """
-    import pytest
-
-    try:
-        bin_dir = find_bin_dir()
-    except BinariesNotBuilt as e:
-        if os.environ.get("RAYTPU_REQUIRE_K8S") == "1":  # `make test` builds them first: never skip there
-            pytest.fail(str(e))
-        pytest.skip(str(e))
-    with ControlPlane.start(bin_dir=bin_dir, **kwargs) as cp:
-        print(f"\n[k8s] control plane up in {cp.timings['total']}s at {cp.server} (workdir {cp.workdir}); "
-              f"steps: {cp.timings}", file=sys.stderr)
-        if cp.pod_network is None:
-            print(f"\n[k8s] pods get no network of their own ({cp.pod_network_problem}): single-head mode, "
-                  "host-process pods share this machine's address; tests that need more real pods skip",
-                  file=sys.stderr)
-        yield cp
-        if request is not None and request.session.testsfailed:
-            cp.keep_workdir = True
-            print(f"\n[k8s] tests failed: control-plane logs kept in {cp.logs_dir}", file=sys.stderr)
-
-
-try:
-    import pytest as _pytest
-
-    @_pytest.fixture(scope="session")
-    def k8s_control_plane(request) -> Iterator[ControlPlane]:
-        """Session-wide real control plane (etcd, apiserver, scheduler, KCM, KubeRay)."""
-        yield from control_plane_session(request)
-except ImportError:  # plain use outside pytest
-    pass

@@ -1,38 +1,36 @@
 """The virtual kubelet: makes the fake GKE nodes of a :class:`~tests.k8s.controlplane.ControlPlane`
 look alive (Leases, pod statuses, pod deletion, node loss), and on a host-process node really runs
 the pod's containers (tests/k8s/hostpods.py), each pod in a network namespace of its own
-(tests/k8s/podnet.py) whose hosts file is the cluster DNS (tests/k8s/clusterdns.py)."""
+(tests/k8s/podnet.py) whose hosts file is the cluster DNS (tests/k8s/clusterdns.py).
+
+Its mixins: ``watchloops`` (guarded loops, list-then-watch), ``podstatus`` (the statuses it reports) and
+``leases`` (node Leases)."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import datetime as dt
-import ipaddress
 import logging
-import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tests.k8s.clusterdns import dns_records
 from tests.k8s.hostpods import LABEL_HOST_PROCESSES, HostProcessPod, NodeFacts
+from tests.k8s.leases import NodeLeases
 from tests.k8s.nodes import LABEL_VIRTUAL, TPU_RESOURCE
 from tests.k8s.podnet import PodNetwork
+from tests.k8s.podstatus import PodStatuses
 from tests.k8s.processes import ControlPlaneError
+from tests.k8s.watchloops import WatchLoops
 
 if TYPE_CHECKING:
     from tests.k8s.controlplane import ControlPlane
 
 
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-
-
-class VirtualKubelet:
+class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
     """Pretends to be the kubelet of every node labelled ``raytpu.test/virtual-kubelet``.
 
     Three daemon threads with their own API clients (four with a pod network):
@@ -54,9 +52,6 @@ class VirtualKubelet:
 
     Watches, not polling: idle cost is one Lease update per node per 10 s.
     """
-
-    LEASE_SECONDS = 40
-    RENEW_EVERY = 10.0
 
     def __init__(self, cp: ControlPlane, network: PodNetwork | None = None) -> None:
         self.cp = cp
@@ -120,71 +115,10 @@ class VirtualKubelet:
                 h.close()
                 self.log.removeHandler(h)
 
-    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            while not self._stop.is_set():
-                try:
-                    fn()
-                except Exception as e:  # keep serving; the apiserver may be restarting
-                    if self._stop.is_set():
-                        return
-                    self.errors.append(f"{fn.__name__}: {type(e).__name__}: {e}")
-                    del self.errors[:-50]
-                    self.log.exception("%s failed; restarting it", fn.__name__)
-                    self._stop.wait(0.5)
-            self.log.info("%s stopped", fn.__name__)
-        return run
-
-    def _handle(self, on_event, kind: str, obj) -> None:
-        """One object's failure must not stop the others (nor the watch)."""
-        try:
-            on_event(kind, obj)
-        except Exception as e:
-            if self._stop.is_set():
-                return
-            what = f"{getattr(obj.metadata, 'namespace', None)}/{obj.metadata.name}"
-            self.errors.append(f"{kind} {what}: {type(e).__name__}: {e}")
-            del self.errors[:-50]
-            self.log.exception("handling %s %s failed", kind, what)
-
     def _client(self):
         from kubernetes import client
 
         return client.CoreV1Api(self.cp.api_client())
-
-    # ------------------------------------------------------------- watching
-    def _watch(self, list_fn, on_event, synced: threading.Event, **kwargs) -> None:
-        """list, then watch from its resourceVersion; re-list on 410 Gone."""
-        from kubernetes import watch
-        from kubernetes.client.rest import ApiException
-
-        listed = list_fn(**kwargs)
-        for obj in listed.items:
-            self._handle(on_event, "ADDED", obj)
-        synced.set()
-        rv = listed.metadata.resource_version
-        while not self._stop.is_set():
-            w = watch.Watch()
-            self._watches.add(w)
-            try:
-                for ev in w.stream(list_fn, resource_version=rv, timeout_seconds=60,
-                                   allow_watch_bookmarks=True, **kwargs):
-                    if self._stop.is_set():
-                        w.stop()
-                        return
-                    rv = w.resource_version or rv  # bookmarks included
-                    if ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                        self._handle(on_event, ev["type"], ev["object"])
-            except ApiException as e:
-                if e.status != 410:
-                    raise
-                self.log.info("watch expired (410): re-listing")
-                listed = list_fn(**kwargs)  # too old: re-list
-                for obj in listed.items:
-                    self._handle(on_event, "ADDED", obj)
-                rv = listed.metadata.resource_version
-            finally:
-                self._watches.discard(w)
 
     # ---------------------------------------------------------------- nodes
     def _node_loop(self) -> None:
@@ -303,25 +237,6 @@ class VirtualKubelet:
             if e.status != 404:
                 raise
 
-    @staticmethod
-    def _is_running_ready(pod) -> bool:
-        st = pod.status
-        if st.phase != "Running" or not st.pod_ip:
-            return False
-        ready = {c.type: c.status for c in (st.conditions or [])}
-        if ready.get("Ready") != "True":
-            return False
-        names = {c.name for c in pod.spec.containers}
-        statuses = {c.name: c.ready for c in (st.container_statuses or [])}
-        return all(statuses.get(n) for n in names)
-
-    def _allocate_ip(self, info: dict[str, Any]) -> str:
-        with self._nodes_lock:
-            n = info["next"]
-            info["next"] = n + 1
-        net = ipaddress.ip_network(info["cidr"], strict=False)
-        return str(net.network_address + (n % (net.num_addresses - 2) or 1))
-
     def _start_host_pod(self, pod, info: dict[str, Any]) -> None:
         """Run the pod's containers here (in a network of its own); a thread starts them and reports
         the pod Running + Ready once its probe passes."""
@@ -396,95 +311,3 @@ class VirtualKubelet:
             self.network.set_records(dns_records(list(self._endpoint_slices.values())))
 
         self._watch(discovery.list_endpoint_slice_for_all_namespaces, on_event, threading.Event())
-
-    def _running_status(self, pod, info: dict[str, Any], pod_ip: str | None = None) -> dict[str, Any]:
-        now = _now().isoformat().replace("+00:00", "Z")
-        pod_ip = pod_ip or pod.status.pod_ip or self._allocate_ip(info)
-        cond = lambda t: {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}  # noqa: E731
-
-        def cid() -> str:
-            return "containerd://" + secrets.token_hex(32)
-
-        init_statuses = [{
-            "name": c.name, "image": c.image, "imageID": f"{c.image}@sha256:{'0' * 64}",
-            "containerID": cid(), "ready": True, "restartCount": 0, "started": False,
-            "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now,
-                                     "containerID": None}},
-        } for c in (pod.spec.init_containers or [])]
-        for s in init_statuses:
-            s["state"]["terminated"]["containerID"] = s["containerID"]
-        statuses = [{
-            "name": c.name, "image": c.image, "imageID": f"{c.image}@sha256:{'0' * 64}",
-            "containerID": cid(), "ready": True, "started": True, "restartCount": 0,
-            "state": {"running": {"startedAt": now}},
-        } for c in pod.spec.containers]
-        status: dict[str, Any] = {
-            "phase": "Running",
-            "hostIP": info["ip"], "hostIPs": [{"ip": info["ip"]}],
-            "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
-            "startTime": now,
-            "qosClass": pod.status.qos_class,
-            "conditions": [cond("PodReadyToStartContainers"), cond("Initialized"), cond("Ready"),
-                           cond("ContainersReady")],
-            "containerStatuses": statuses,
-        }
-        if init_statuses:
-            status["initContainerStatuses"] = init_statuses
-        return {"status": {k: v for k, v in status.items() if v is not None}}
-
-    @staticmethod
-    def _failed_status(pod) -> dict[str, Any]:
-        now = _now().isoformat().replace("+00:00", "Z")
-        statuses = [{
-            "name": c.name, "image": c.image, "imageID": f"{c.image}@sha256:{'0' * 64}",
-            "ready": False, "started": False, "restartCount": 0,
-            "state": {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": now, "finishedAt": now}},
-        } for c in pod.spec.containers]
-        notready = lambda t: {"type": t, "status": "False", "lastTransitionTime": now,  # noqa: E731
-                              "reason": "PodFailed"}
-        return {"status": {
-            "phase": "Failed", "reason": "NodeShutdown",
-            "message": "Pod was terminated in response to imminent node shutdown.",
-            "conditions": [notready("Ready"), notready("ContainersReady"),
-                           {"type": "DisruptionTarget", "status": "True", "lastTransitionTime": now,
-                            "reason": "TerminationByKubelet",
-                            "message": "Pod was terminated in response to imminent node shutdown."}],
-            "containerStatuses": statuses,
-        }}
-
-    # --------------------------------------------------------------- leases
-    def renew_lease(self, node_name: str, core=None) -> None:
-        from kubernetes import client
-        from kubernetes.client.rest import ApiException
-
-        api = core.api_client if core is not None else getattr(self, "_lease_api", None)
-        if api is None:
-            api = self._lease_api = self.cp.api_client()
-        coord = client.CoordinationV1Api(api)
-        now = dt.datetime.now(dt.timezone.utc)
-        body = client.V1Lease(
-            metadata=client.V1ObjectMeta(name=node_name, namespace="kube-node-lease"),
-            spec=client.V1LeaseSpec(holder_identity=node_name, lease_duration_seconds=self.LEASE_SECONDS,
-                                    renew_time=now))
-        try:
-            coord.patch_namespaced_lease(node_name, "kube-node-lease",
-                                         {"spec": {"holderIdentity": node_name,
-                                                   "leaseDurationSeconds": self.LEASE_SECONDS,
-                                                   "renewTime": now.isoformat().replace("+00:00", "Z")}},
-                                         _content_type="application/merge-patch+json")
-        except ApiException as e:
-            if e.status != 404:
-                raise
-            try:
-                coord.create_namespaced_lease("kube-node-lease", body)
-            except ApiException as e2:
-                if e2.status != 409:
-                    raise
-
-    def _lease_loop(self) -> None:
-        self._lease_api = self.cp.api_client()
-        while not self._stop.wait(self.RENEW_EVERY):
-            with self._nodes_lock:
-                names = list(self._nodes)
-            for n in names:
-                self.renew_lease(n)

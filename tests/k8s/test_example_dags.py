@@ -29,46 +29,47 @@ In file order, on one namespace:
 4. Deleting the RayService leaves no pod, and no pod network behind.
 
 Needs pod networks (CAP_NET_ADMIN): without, the module skips (single-head mode, test_ray_head.py).
+
+Running a DAG and reading what it left: example_runs.py; the preempted host: preemption.py; the
+requests during the promotion: request_loop.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from example_dags.demo.fake_gcs import FakeGcsServer
-from tests.airflow_runner import TaskOutcome, ensure_airflow_db, load_dag, outcomes
+from tests.airflow_runner import TaskOutcome
 from tests.k8s.controlplane import ControlPlane
-from tests.k8s.support import (
-    HOST_INDEX,
-    Connections,
-    NodePools,
-    force_delete_clusters,
-    list_pods,
-    pod_ready,
-    states,
-    suffix,
-    wait_for,
-    wait_no_pods,
+from tests.k8s.example_runs import (
+    BUCKET,
+    EXAMPLES,
+    ROWS,
+    V4,
+    V6E,
+    cluster_pods,
+    committed_steps,
+    conf,
+    cp_json,
+    ran_for_real,
+    run_example,
 )
+from tests.k8s.preemption import Preemption
+from tests.k8s.request_loop import RequestLoop
+from tests.k8s.support import Connections, NodePools, force_delete_clusters, states, suffix, wait_for, wait_no_pods
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(1800)]
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "example_dags"
-V4, V6E = "tpu-v4-podslice", "tpu-v6e-slice"
-BUCKET = "raytpu-demo"
-ROWS = 600
 SERVICE = "finetuned-regressor"  # the service nightly_finetune promotes
 INPUTS = {"inputs": [[0.5, -0.2, 0.1, 0.3, 0.0, 0.2, -0.1, 0.4]]}
 TOLERANCE = 1e-6
@@ -135,63 +136,6 @@ def namespace(cp: ControlPlane) -> Iterator[str]:
     patch.undo()
 
 
-def cp_json(cp: ControlPlane, path: str) -> dict[str, Any]:
-    status, body = cp.request("GET", path, timeout=30)
-    assert status == 200, (path, status, body[:500])
-    return json.loads(body)
-
-
-def conf(gcs: FakeGcsServer, **more: Any) -> dict[str, Any]:
-    """``make demo``'s params (v4 2x2x2 to train, v6e 2x2 to serve), storage in the fake GCS."""
-    from example_dags.demo.run import CONF
-
-    return {**CONF, "storage": f"gs://{BUCKET}", **more}
-
-
-def run_example(airflow_home: Path, dag_id: str, run_conf: dict[str, Any], day: int) -> dict[str, TaskOutcome]:
-    """``dag.test()`` of the example DAG file as it is, for logical date 2026-12-<day>.
-
-    The DAGs folder gets a symlink to the file (``dag.test()`` runs DAGs of the configured bundle);
-    the DAG finds its ``pipeline`` package next to the file it resolves to.
-    """
-    ensure_airflow_db()
-    link = airflow_home / "dags" / f"{dag_id}.py"
-    if not link.is_symlink():
-        link.symlink_to(EXAMPLES / f"{dag_id}.py")
-    dag = load_dag(link, dag_id)
-    return outcomes(dag.test(run_conf=run_conf, logical_date=datetime(2026, 12, day, tzinfo=timezone.utc)))
-
-
-def cluster_pods(cp: ControlPlane, namespace: str, cluster: str) -> list[dict[str, Any]]:
-    return list_pods(cp, namespace, f"ray.io/cluster={cluster}")
-
-
-def ran_for_real(cp: ControlPlane, namespace: str, cluster: str) -> set[str]:
-    """The pods of ``cluster`` whose containers the virtual kubelet ran here and reported Ready."""
-    assert cp.kubelet is not None
-    return {what.split(" on ")[0] for action, what in cp.kubelet.events
-            if action == "running (host processes)" and what.startswith(f"{namespace}/{cluster}-")}
-
-
-def ray_nodes(cp: ControlPlane, namespace: str, cluster: str) -> list[dict[str, Any]]:
-    """The cluster's alive Ray nodes, from Ray's state API through the API server's service proxy."""
-    status, body = cp.request(
-        "GET", f"/api/v1/namespaces/{namespace}/services/{cluster}-head-svc:dashboard/proxy/api/v0/nodes"
-        "?detail=true&limit=100", timeout=60)
-    assert status == 200, body[:500]
-    return [n for n in json.loads(body)["data"]["result"]["result"] if n["state"] == "ALIVE"]
-
-
-def committed_steps(gcs: FakeGcsServer, run_prefix: str) -> list[int]:
-    """The orbax steps committed under ``checkpoints/<run>/orbax/``."""
-    steps = set()
-    for name in gcs.list_objects(BUCKET, run_prefix):
-        step = name.split("/orbax/", 1)[-1].split("/")[0] if "/orbax/" in name else ""
-        if step.isdigit() and name.endswith("commit_success.txt"):
-            steps.add(int(step))
-    return sorted(steps)
-
-
 # -- 1. nightly_embeddings ----------------------------------------------------------------------
 
 
@@ -238,97 +182,6 @@ def test_nightly_finetune_trains_checkpoints_and_serves_it(
 
 
 # -- 3. nightly_finetune, second run: a preempted host, then promotion under load -----------------
-
-
-@dataclass
-class Preemption:
-    """A test thread: deletes TPU host 1's Node once the run's checkpoint at step >= 10 is committed,
-    adds a replacement node to the pool, and records Ray's node list before and after."""
-
-    cp: ControlPlane
-    namespace: str
-    gcs: FakeGcsServer
-    pool: str
-    reference_run: str
-    checkpointed: int = -1
-    cluster: str = ""
-    deleted_node: str = ""
-    nodes_before: list[dict[str, Any]] = field(default_factory=list)
-    nodes_after: list[dict[str, Any]] = field(default_factory=list)
-    error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as error:  # surfaced by the test
-            self.error = error
-
-    def _training_run(self) -> str | None:
-        runs = {n.split("/")[1] for n in self.gcs.list_objects(BUCKET, "checkpoints/") if "/orbax/" in n}
-        runs.discard(self.reference_run)
-        return next(iter(runs), None)
-
-    def _run(self) -> None:
-        deadline = time.monotonic() + 1200
-        while time.monotonic() < deadline:
-            run = self._training_run()
-            if run and committed_steps(self.gcs, f"checkpoints/{run}/") and \
-                    committed_steps(self.gcs, f"checkpoints/{run}/")[-1] >= 10:
-                break
-            time.sleep(0.5)
-        else:
-            raise AssertionError("the second run never committed a checkpoint at step 10")
-        self.checkpointed = committed_steps(self.gcs, f"checkpoints/{run}/")[-1]
-        workers = [p for p in list_pods(self.cp, self.namespace, "ray.io/node-type=worker")
-                   if p["metadata"]["labels"].get("ray.io/group") == "tpu-slices"
-                   and p["spec"]["nodeSelector"].get("cloud.google.com/gke-tpu-accelerator") == V4]
-        self.cluster = workers[0]["metadata"]["labels"]["ray.io/cluster"]
-        self.nodes_before = ray_nodes(self.cp, self.namespace, self.cluster)
-        old = {p["metadata"]["uid"] for p in workers}
-        host_1 = next(p for p in workers if p["metadata"]["labels"][HOST_INDEX] == "1")
-        self.deleted_node = host_1["spec"]["nodeName"]
-        self.cp.delete_node(self.deleted_node)  # a preemption: the virtual kubelet fails its pods
-        self.cp.add_node_pool(self.pool, tpu=V4, topology="2x2x2", num_nodes=1, host_processes=True)
-
-        def recreated() -> bool:
-            pods = [p for p in cluster_pods(self.cp, self.namespace, self.cluster)
-                    if p["metadata"]["labels"].get("ray.io/node-type") == "worker"]
-            return len(pods) == 2 and all(pod_ready(p) and p["metadata"]["uid"] not in old for p in pods)
-
-        wait_for(recreated, 600, "the slice recreated by KubeRay, both hosts Ready", interval=1)
-        self.nodes_after = wait_for(lambda: (n := ray_nodes(self.cp, self.namespace, self.cluster)) and len(n) == 3
-                                    and n, 300, "the recreated raylets in Ray's node list", interval=1)
-
-
-class RequestLoop:
-    """Requests to the Serve service through the API server's service proxy, one every 0.25 s, until stopped."""
-
-    def __init__(self, send: Callable[[], Any]) -> None:
-        self._send = send
-        self.versions: list[str] = []
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="request-loop", daemon=True)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                answer = self._send()
-                if answer.status == 200:
-                    self.versions.append(answer.json()["version"])
-                else:
-                    self.failures.append(f"{answer.status}: {answer.text(300)}")
-            except Exception as error:  # every failed request counts
-                self.failures.append(repr(error))
-            self._stop.wait(0.25)
-
-    def __enter__(self) -> RequestLoop:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(60)
 
 
 @pytest.mark.skipif(os.environ.get("RAYTPU_K8S_FULL") != "1",
