@@ -7,15 +7,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
+UV_VERSION := 0.13.8
 
 .PHONY: install demo test test-full docs test-unit test-kube test-k8s test-ray test-deploy k8s-binaries bench constraints clean
 
 install: $(STAMP)
 
+# uv installs the ~300 pinned packages in seconds where pip took minutes (a fresh venv on this
+# machine: 17 s against 132 s), with the same resolution (`pip freeze` of both venvs is equal).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,local,gke]'
+	$(PY) -m pip install --quiet uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip install --python $(PY) --quiet -c constraints.txt -e '.[dev,local,gke]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -64,7 +67,7 @@ bench: install
 
 # Re-pin after changing dependencies in pyproject.toml.
 constraints: install
-	$(PY) -m pip freeze --exclude-editable | grep -vi '^airflow-provider-raytpu' > constraints.txt
+	$(PY) -m pip freeze --exclude-editable | grep -vi '^airflow-provider-raytpu\|^uv==' > constraints.txt
 
 clean:
 	rm -rf $(VENV) build *.egg-info
