@@ -23,6 +23,8 @@ OFFSET_SAVE_SECONDS = 5.0
 #: The XCom that keeps how much of the job's log the task's log already has.
 LOG_OFFSET_KEY = "raytpu_job_log_offset"
 LOG_TAIL_LINES = 50
+#: Failed saves in a row after which held lines are written anyway (a restart may repeat them).
+SAVE_FAILURES_BEFORE_WRITING = 3
 
 
 class RayJobTrigger(BaseTrigger):
@@ -36,7 +38,8 @@ class RayJobTrigger(BaseTrigger):
     is saved in the task's XCom ``raytpu_job_log_offset`` before the lines up to it are written
     (at most every 5 s: lines that arrive sooner wait), so a trigger that a restarted triggerer
     runs again goes on from there and writes each line once. The event carries the job's
-    result and its last 50 lines, so the task need not download the log.
+    result, and a job that did not succeed its last 50 lines, so the task need not download
+    the log.
 
     Killing the task (mark failed, clear) stops the Ray job through :meth:`on_kill`.
 
@@ -63,6 +66,7 @@ class RayJobTrigger(BaseTrigger):
         self._shown = JobLogFollower()
         self._heartbeat = Heartbeat()
         self._saved_at = -OFFSET_SAVE_SECONDS
+        self._failed_saves = 0
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -90,7 +94,8 @@ class RayJobTrigger(BaseTrigger):
         except Exception as exc:  # no connection, no dashboard: the task fails with the reason
             event = self._event("ERROR", f"Ray job {self.submission_id} unreachable: {exc}")
         if event["status"] in TERMINAL:
-            event["log_tail"] = "\n".join(self._tail)
+            if event["status"] != "SUCCEEDED":  # for the task's error; Airflow logs the whole event, so
+                event["log_tail"] = "\n".join(self._tail)  # a success's tail would repeat lines in the log
             if from_start or self._result_line is not None:
                 event["result"] = last_result(self._result_line or "")
         # Everything is closed before the event goes out: a consumer that takes only the first
@@ -147,16 +152,18 @@ class RayJobTrigger(BaseTrigger):
         chars = len(self._unwritten) - len(partial)
         if chars == 0:
             return
-        self._unwritten = partial
         saving = asyncio.ensure_future(self._save_offset(self.logged_chars + chars))
         try:
-            await asyncio.shield(saving)
+            saved = await asyncio.shield(saving)
         except asyncio.CancelledError:
-            # The triggerer stops mid-save. The save may yet go through: unless it surely failed,
-            # write the lines (one written twice beats one lost).
-            if not (saving.done() and not saving.cancelled() and saving.result() is False):
+            # The triggerer stops mid-save (its connection to the supervisor closes before its triggers
+            # are cancelled): the lines are written only if the save landed, else the next trigger does.
+            if saving.done() and not saving.cancelled() and saving.result():
                 self._write(lines, chars)
             raise
+        if not (saved or final or self._failed_saves >= SAVE_FAILURES_BEFORE_WRITING):
+            return  # held until the next save: a stopping triggerer's saves fail, its lines wait for the next
+        self._unwritten = partial
         self._write(lines, chars)
 
     def _save_due_in(self) -> float:
@@ -221,9 +228,12 @@ class RayJobTrigger(BaseTrigger):
         value = {"submission_id": self.submission_id, "logged_chars": logged_chars}
         try:
             await asyncio.to_thread(XCom.set, LOG_OFFSET_KEY, value, **target)
-        except Exception as exc:  # the log goes on; only a restart would write these lines again
-            self.log.warning("Could not save how much of Ray job %s's log was written: %s", self.submission_id, exc)
+        except Exception as exc:
+            self._failed_saves += 1
+            self.log.warning("Could not save how much of Ray job %s's log was written (%d in a row): %s",
+                             self.submission_id, self._failed_saves, exc)
             return False
+        self._failed_saves = 0
         return True
 
     async def on_kill(self) -> None:
