@@ -43,6 +43,12 @@ CONN_FIELDS = {
     "dashboard_url": _field(
         "Dashboard URL", "For dashboard=url; {cluster_name} and {namespace} are filled in.", _STRING
     ),
+    "confirm_with_ray": _field(
+        "Confirm with Ray",
+        "A cluster is ready only once Ray lists every TPU host with its chips and slice (and GKE's TPU "
+        "webhook mutated its pods). Turn off for images without Ray's dashboard.",
+        {**_FLAG, "default": True},
+    ),
     "local_home": _field("Local state directory", "Backend local: where clusters are recorded.", _STRING),
     "local_max_hosts": _field(
         "Local host limit", "Backend local: the largest slice emulated, in hosts.", {"type": ["integer", "null"]}

@@ -1,9 +1,11 @@
 """The TPU slice shape, and everything derived from it.
 
 A user declares a generation and a topology ("v6e", "4x4"); hosts, chips, GKE node
-labels, Ray resources and pod types all follow from that here and nowhere else.
-The rules are Ray's (``ray._private.accelerators.tpu``), restated without importing
-Ray so that DAG parsing stays cheap; a test holds the two in agreement.
+labels, Ray resources, pod types and the hosts' machine type all follow from that here
+and nowhere else. The shapes are GKE's (:mod:`airflow_provider_raytpu.gke_tpu`, cited
+there), and Ray's (``ray._private.accelerators.tpu``, restated without importing Ray so
+that DAG parsing stays cheap) where Ray knows more; a test holds every shape both know
+to the same hosts, chips and resources as Ray derives.
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ from functools import cached_property
 from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.gke_tpu import GKE_TOPOLOGIES, HOST_MACHINES, MACHINE_TYPES, MachineType, offered_shapes
+from airflow_provider_raytpu.values import parse_bool, parse_int, parse_optional_int
 
 CHIPS_PER_HOST = 4
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
 GKE_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
 TPU_RESOURCE = "google.com/tpu"
+#: The most slices one RayCluster takes: more than the largest multislice runs published (199 v5e slices).
+MAX_SLICES = 256
 
 # v5e/v6e topologies that fit on one host of up to 8 chips.
 _SINGLE_HOST_TOPOLOGIES = ("1x1", "2x2", "2x4")
@@ -41,6 +47,7 @@ def _larger_3d_topologies(max_x: int, max_y: int, max_z: int) -> frozenset[str]:
     )
 
 
+# Ray's VALID_TPU_TOPOLOGY (ray/_private/accelerators/tpu.py, Ray 2.60).
 _SMALL_3D = frozenset({"2x2x1", "2x2x2", "2x2x4", "2x4x4"})
 _LITE_2D = frozenset({"1x1", "2x2", "2x4", "2x8", "4x4", "4x8", "8x8", "8x16", "16x16"})
 
@@ -53,18 +60,28 @@ class Generation:
     :param ray_version: Ray's spelling, used in pod types (``v5litepod``).
     :param gke_accelerator: the ``cloud.google.com/gke-tpu-accelerator`` node label.
     :param cores_per_chip: TensorCores per chip; pod types count cores.
-    :param topologies: the slice shapes GKE offers and Ray accepts.
+    :param ray_topologies: the slice shapes Ray's ``VALID_TPU_TOPOLOGY`` knows.
     """
 
     name: str
     ray_version: str
     gke_accelerator: str
     cores_per_chip: int
-    topologies: frozenset[str]
+    ray_topologies: frozenset[str]
+
+    @cached_property
+    def gke_topologies(self) -> frozenset[str]:
+        """The slice shapes GKE offers (:data:`~airflow_provider_raytpu.gke_tpu.GKE_TOPOLOGIES`)."""
+        return GKE_TOPOLOGIES[self.name]
+
+    @cached_property
+    def topologies(self) -> frozenset[str]:
+        """Every shape a slice may have: GKE's, and Ray's (on ``backend: kubernetes``, with a warning)."""
+        return self.gke_topologies | self.ray_topologies
 
     @property
     def dimensions(self) -> int:
-        return len(next(iter(self.topologies)).split("x"))
+        return len(next(iter(self.ray_topologies)).split("x"))
 
     @property
     def packs_eight_chips(self) -> bool:
@@ -144,9 +161,9 @@ def _dims(topology: str) -> tuple[int, ...]:
 
 
 def valid_topologies(generation: Generation) -> list[str]:
-    """The generation's slice shapes, smallest first, one spelling per set of dimensions."""
+    """The shapes GKE offers of the generation, smallest first, one spelling per set of dimensions."""
     spellings: dict[tuple[int, ...], str] = {}
-    for topology in generation.topologies:
+    for topology in generation.gke_topologies:
         key = tuple(sorted(_dims(topology)))
         if key not in spellings or _dims(topology) < _dims(spellings[key]):
             spellings[key] = topology
@@ -198,42 +215,9 @@ def parse_topology(value: Any, generation: Generation, field: str = "topology") 
             field,
             value,
             f"is not a {generation.name} slice shape",
-            f"Valid {generation.name} topologies: {', '.join(valid_topologies(generation))}",
+            f"The shapes GKE offers of {generation.name}: {offered_shapes(generation.name)}",
         )
     return text
-
-
-def parse_int(value: Any, field: str, *, minimum: int = 1, example: int = 2) -> int:
-    """Read a whole number strictly: ``2`` or ``"2"``, never ``2.5``, ``"two"`` or ``True``."""
-    if isinstance(value, bool):
-        number = None
-    elif isinstance(value, int):
-        number = value
-    elif isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-        number = int(value)
-    else:
-        number = None
-    if number is None:
-        raise InvalidInputError(field, value, "is not a whole number", f"Write a number such as {example}")
-    if number < minimum:
-        raise InvalidInputError(field, value, f"must be at least {minimum}", f"Write a number such as {example}")
-    return number
-
-
-def parse_optional_int(value: Any, field: str, *, example: int) -> int | None:
-    """Like :func:`parse_int`, but ``None`` (or a template that rendered ``"None"`` or ``""``) stays unset."""
-    if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
-        return None
-    return parse_int(value, field, example=example)
-
-
-def parse_bool(value: Any, field: str) -> bool:
-    """Read a flag strictly: ``True``/``False`` or the strings ``"true"``/``"false"`` (any case)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise InvalidInputError(field, value, "is not true or false", "Write true or false")
 
 
 def _allowed_chips_per_host(generation: Generation, topology: str) -> tuple[int, ...]:
@@ -242,7 +226,7 @@ def _allowed_chips_per_host(generation: Generation, topology: str) -> tuple[int,
         if chips == 1:
             return (1,)
         return tuple(c for c in (CHIPS_PER_HOST, 8) if c <= chips and chips % c == 0)
-    return (min(CHIPS_PER_HOST, chips),)
+    return (min(CHIPS_PER_HOST, chips),)  # v7x 1x1x1 is one chip on tpu7x-standard-1t
 
 
 @dataclass(frozen=True)
@@ -271,7 +255,8 @@ class TpuSlice:
     def __post_init__(self) -> None:
         generation = parse_generation(self.accelerator)
         topology = parse_topology(self.topology, generation)
-        num_slices = parse_int(self.num_slices, "num_slices")
+        num_slices = parse_int(self.num_slices, "num_slices", maximum=MAX_SLICES,
+                               why_maximum=": a typo, or several clusters' worth of TPU slices in one")
         spot = parse_bool(self.spot, "spot")
         chips_per_host = parse_optional_int(self.chips_per_host, "chips_per_host", example=4)
         allowed = _allowed_chips_per_host(generation, topology)
@@ -307,7 +292,7 @@ class TpuSlice:
             return self.chips_per_host
         if self.generation.packs_eight_chips and self.topology in _SINGLE_HOST_TOPOLOGIES:
             return self.chips_per_slice
-        return CHIPS_PER_HOST
+        return min(CHIPS_PER_HOST, self.chips_per_slice)
 
     @property
     def hosts_per_slice(self) -> int:
@@ -320,6 +305,25 @@ class TpuSlice:
     @property
     def is_multi_host(self) -> bool:
         return self.hosts_per_slice > 1
+
+    @property
+    def offered_on_gke(self) -> bool:
+        """Whether GKE offers this shape (a Ray-only shape such as v6e 2x8 makes a node pool GKE cannot create)."""
+        return self.topology in self.generation.gke_topologies and self.host_chips in HOST_MACHINES[self.accelerator]
+
+    @property
+    def machine_type(self) -> MachineType | None:
+        """The GKE machine type of each host (``ct6e-standard-4t``), or ``None`` for a shape GKE does not offer."""
+        name = HOST_MACHINES[self.accelerator].get(self.host_chips)
+        return MACHINE_TYPES[name] if name and self.offered_on_gke else None
+
+    def not_offered(self) -> str | None:
+        """Why GKE cannot make this shape's node pool (naming the shapes it offers), or ``None``."""
+        if self.offered_on_gke:
+            return None
+        return (f"{self.accelerator} {self.topology} is not a slice shape GKE offers (a node pool of it cannot be "
+                f"created, and its pods would stay Pending). The shapes GKE offers of {self.accelerator}: "
+                f"{offered_shapes(self.accelerator)}")
 
     @property
     def pod_type(self) -> str:

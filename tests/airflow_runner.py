@@ -121,15 +121,18 @@ def task_instances(outcome: dict[str, TaskOutcome]) -> dict[str, str]:
 
 
 def outcomes(run: Any) -> dict[str, TaskOutcome]:
-    """Each task's outcome; fails when any XCom of the run (every task's return value and links,
-    in every test that runs a DAG) is not plain JSON."""
+    """Each task's outcome, by task id (``task_id[i]`` for map index i of a mapped task); fails when any
+    XCom of the run (every task's return value and links, in every test that runs a DAG) is not plain JSON."""
     tagged = [problem for (task, key), value in run_xcoms(run).items() for problem in not_plain(value, f"{task}:{key}")]
     assert not tagged, f"XComs that are not plain JSON: {tagged}"
-    return {
-        ti.task_id: TaskOutcome(str(ti.state), ti.try_number, ti.xcom_pull(task_ids=ti.task_id),
-                                task_links(run, ti.task_id, ti.map_index), str(ti.id))
-        for ti in run.get_task_instances()
-    }
+    found = {}
+    for ti in run.get_task_instances():
+        mapped = ti.map_index is not None and ti.map_index >= 0
+        result = ti.xcom_pull(task_ids=ti.task_id, map_indexes=ti.map_index) if mapped else ti.xcom_pull(
+            task_ids=ti.task_id)
+        found[f"{ti.task_id}[{ti.map_index}]" if mapped else ti.task_id] = TaskOutcome(
+            str(ti.state), ti.try_number, result, task_links(run, ti.task_id, ti.map_index), str(ti.id))
+    return found
 
 
 class _ParsedPerTry(dict):

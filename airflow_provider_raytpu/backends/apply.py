@@ -14,6 +14,7 @@ one; a RayService outlives runs (later runs promote it), so it belongs to a DAG 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +24,9 @@ from typing import Any, Protocol
 from airflow_provider_raytpu.backends.base import Applied, ApplyResult
 from airflow_provider_raytpu.errors import ConflictError, FatalError
 from airflow_provider_raytpu.manifests.raycluster import (
+    ALSO_ADOPTS_ANNOTATION,
     DAG_ID_KEY,
+    MAP_INDEX_KEY,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     RUN_ID_KEY,
@@ -37,10 +40,10 @@ log = logging.getLogger(__name__)
 APPLY_ATTEMPTS = 5
 GONE_TIMEOUT = 600.0
 GONE_POLL_SECONDS = 1.0
-CLUSTER_OWNER = (DAG_ID_KEY, RUN_ID_KEY, TASK_ID_KEY)
-"""A RayCluster belongs to one DAG run's task (every try of it)."""
-SERVICE_OWNER = (DAG_ID_KEY, TASK_ID_KEY)
-"""A RayService belongs to one DAG's task: later runs of that task promote it."""
+CLUSTER_OWNER = (DAG_ID_KEY, RUN_ID_KEY, TASK_ID_KEY, MAP_INDEX_KEY)
+"""A RayCluster belongs to one DAG run's task (every try of it; one map index of a mapped task)."""
+SERVICE_OWNER = (DAG_ID_KEY, TASK_ID_KEY, MAP_INDEX_KEY)
+"""A RayService belongs to one DAG's task (one map index of a mapped task): later runs of that task promote it."""
 
 
 class OnChange(str, Enum):
@@ -118,8 +121,11 @@ def is_managed(obj: dict[str, Any]) -> bool:
 
 
 def same_spec(existing: dict[str, Any], manifest: dict[str, Any]) -> bool:
-    """Whether an existing resource is the one ``manifest`` renders (equal spec-hash annotations)."""
-    return annotations_of(existing).get(SPEC_HASH_ANNOTATION) == annotations_of(manifest)[SPEC_HASH_ANNOTATION]
+    """Whether an existing resource is the one ``manifest`` renders: its spec hash is the manifest's, or one
+    an older release gave the same spec (``raytpu.dev/also-adopts``, so a retry after an upgrade adopts it)."""
+    mine = annotations_of(manifest)
+    older = json.loads(mine.get(ALSO_ADOPTS_ANNOTATION) or "[]")
+    return annotations_of(existing).get(SPEC_HASH_ANNOTATION) in (mine[SPEC_HASH_ANNOTATION], *older)
 
 
 def same_service(existing: dict[str, Any], manifest: dict[str, Any]) -> bool:
@@ -136,21 +142,29 @@ def owner_of(obj: dict[str, Any], keys: Sequence[str]) -> tuple[str | None, ...]
 
 
 def describe_owner(obj: dict[str, Any]) -> str:
-    """``DAG 'x', run 'y', task 'z'`` as an object's annotations record them."""
+    """``DAG 'x', run 'y', task 'z'`` (``, map index 1`` for a mapped task) as an object's annotations record them."""
     notes = annotations_of(obj)
     if DAG_ID_KEY not in notes:
         return "no Airflow task (no owner annotations)"
-    return f"DAG {notes[DAG_ID_KEY]!r}, run {notes.get(RUN_ID_KEY)!r}, task {notes.get(TASK_ID_KEY)!r}"
+    mapped = f", map index {notes[MAP_INDEX_KEY]}" if MAP_INDEX_KEY in notes else ""
+    return f"DAG {notes[DAG_ID_KEY]!r}, run {notes.get(RUN_ID_KEY)!r}, task {notes.get(TASK_ID_KEY)!r}{mapped}"
 
 
 def owner_error(existing: dict[str, Any], manifest: dict[str, Any]) -> ConflictError:
     """The error for a same-named object another DAG, run or task made: never adopted, updated or deleted."""
     kind = manifest.get("kind") or existing.get("kind") or "object"
     metadata = manifest["metadata"]
+    mine, theirs = annotations_of(manifest), annotations_of(existing)
+    if mine.get(MAP_INDEX_KEY) != theirs.get(MAP_INDEX_KEY) and all(
+            mine.get(key) == theirs.get(key) for key in (DAG_ID_KEY, TASK_ID_KEY)):
+        fix = ("Two map indexes of one mapped task resolve to this name: leave the name unset (each map index "
+               "gets its own), or make it differ per map index, e.g. with {{ ti.map_index }}.")
+    else:
+        fix = (f"Leave the name unset for a name of this task's own, choose another name, or delete the existing "
+               f"{kind} first.")
     return ConflictError(
         f"{kind} {metadata['name']!r} in namespace {metadata['namespace']!r} belongs to {describe_owner(existing)}, "
-        f"not to this task ({describe_owner(manifest)}), so it is not adopted, updated or deleted. Leave the name "
-        f"unset for a name of this task's own, choose another name, or delete the existing {kind} first."
+        f"not to this task ({describe_owner(manifest)}), so it is not adopted, updated or deleted. {fix}"
     )
 
 
@@ -159,11 +173,7 @@ def conflict_error(existing: dict[str, Any], manifest: dict[str, Any]) -> Confli
     metadata = existing.get("metadata", {})
     kind = existing.get("kind", "RayCluster")
     notes = annotations_of(existing)
-    made_by = (
-        f"made by DAG {notes[DAG_ID_KEY]!r}, run {notes.get(RUN_ID_KEY)!r}, task {notes.get(TASK_ID_KEY)!r}"
-        if DAG_ID_KEY in notes
-        else "not made by this provider"
-    )
+    made_by = f"made by {describe_owner(existing)}" if DAG_ID_KEY in notes else "not made by this provider"
     return ConflictError(
         f"{kind} {metadata.get('name')!r} in namespace {metadata.get('namespace')!r} already exists with a "
         f"different spec (spec hash {notes.get(SPEC_HASH_ANNOTATION)!r}, this task renders "

@@ -157,6 +157,10 @@ class ClusterBackend(abc.ABC):
     def delete_cluster(self, name: str, namespace: str) -> bool:
         """Delete the RayCluster; ``False`` when it was already gone."""
 
+    @abc.abstractmethod
+    def annotate_cluster(self, name: str, namespace: str, annotations: dict[str, str]) -> None:
+        """Set annotations on the RayCluster (e.g. a renewed expiry); its spec and other metadata stay."""
+
     def cluster_pods(self, name: str, namespace: str) -> list[dict[str, Any]]:
         """The RayCluster's pods, terminating ones included; none on a backend without pods (the local
         backend's delete returns once the cluster's processes are gone)."""
@@ -167,23 +171,30 @@ class ClusterBackend(abc.ABC):
         """RayClusters matching a label selector, in one namespace or all (``None``)."""
 
     @abc.abstractmethod
-    def cluster_status(self, name: str, namespace: str) -> ClusterStatus:
-        """The cluster's state, with per-slice detail."""
+    def cluster_status(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> ClusterStatus:
+        """The cluster's state, with per-slice detail.
+
+        :param confirm_with_ray: a READY stays READY only when Ray lists every TPU host with its chips,
+            its slice's name and one slice head per slice (:mod:`~airflow_provider_raytpu.backends.ray_state`).
+        """
 
     @abc.abstractmethod
-    def diagnose(self, name: str, namespace: str) -> str:
-        """Why the cluster is not ready: which hosts are missing and what holds them."""
+    def diagnose(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
+        """Why the cluster is not ready: which hosts are missing and what holds them (with
+        ``confirm_with_ray``, also what Ray does not list)."""
 
     @abc.abstractmethod
     def dashboard(self, name: str, namespace: str) -> HttpTransport:
         """The cluster's Ray dashboard (Jobs and Serve REST APIs), as this backend reaches it."""
 
     @abc.abstractmethod
-    def watch_cluster(self, name: str, namespace: str) -> AsyncIterator[ClusterStatus]:
-        """Yield the cluster's status now and on every change, until the caller stops."""
+    def watch_cluster(self, name: str, namespace: str, poll_interval: float = 10.0, *,
+                      confirm_with_ray: bool = False) -> AsyncIterator[ClusterStatus]:
+        """Yield the cluster's status now and on every change, until the caller stops (a status that is
+        READY by its pods but not yet by Ray is read again every ``poll_interval`` seconds)."""
 
     @abc.abstractmethod
-    async def adiagnose(self, name: str, namespace: str) -> str:
+    async def adiagnose(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
         """:meth:`diagnose` without blocking the event loop."""
 
     def close(self) -> None:

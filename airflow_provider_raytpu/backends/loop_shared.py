@@ -4,7 +4,10 @@ Clients, watches and HTTP sessions are made once per event loop on first use, un
 (e.g. the connection id), and closed when that loop ends: ``asyncio.run`` and the triggerer
 cancel the tasks left on their loop before closing it, and a keeper task closes everything
 here when it is cancelled. ``dag.test()`` runs each trigger in its own ``asyncio.run``, so each
-gets its own set there, closed at its end.
+gets its own set there, closed at its end. What exists per cluster (its HTTP session, its job
+board) must not outlive its users in a triggerer that runs for weeks: it is held as a
+:meth:`LoopShared.lease` and closed once its last holder has left (after ``linger`` seconds,
+so that a follower's requests every few seconds reuse one session).
 
 Nothing here blocks the loop; what is made is made by the caller's coroutine.
 """
@@ -16,7 +19,7 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,9 @@ class LoopShared:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._values: dict[Hashable, tuple[Any, float, Callable[[Any], Awaitable[None]] | None]] = {}
         self._locks: dict[Hashable, asyncio.Lock] = {}
+        self._holders: dict[Hashable, int] = {}
+        self._lingering: dict[Hashable, asyncio.TimerHandle] = {}
+        self._releasing: set[asyncio.Task[None]] = set()
         self._closed = False
         self._keeper = loop.create_task(self._keep(), name="raytpu-loop-shared")
 
@@ -62,6 +68,42 @@ class LoopShared:
             await _close(key, old[0], old[2])
         return value
 
+    @contextlib.asynccontextmanager
+    async def lease(self, key: Hashable, make: Callable[[], Awaitable[T]],
+                    close: Callable[[T], Awaitable[None]] | None = None, linger: float = 0.0) -> AsyncIterator[T]:
+        """The value under ``key`` (made by the first holder), held for the block; closed and forgotten once
+        its last holder has left and ``linger`` seconds have passed without a new one.
+
+        :param close: how to close the value.
+        :param linger: seconds an unheld value is kept for the next holder.
+        """
+        value = await self.get(key, make, close)
+        self._holders[key] = self._holders.get(key, 0) + 1
+        if (timer := self._lingering.pop(key, None)) is not None:
+            timer.cancel()
+        try:
+            yield value
+        finally:
+            self._holders[key] -= 1
+            if not self._holders[key]:
+                del self._holders[key]
+                if linger <= 0:
+                    await self.discard(key, value)
+                else:
+                    self._lingering[key] = asyncio.get_running_loop().call_later(linger, self._release, key, value)
+
+    def _release(self, key: Hashable, value: Any) -> None:
+        """An unheld value's linger is over: close it (in a task the loop keeps until it is done)."""
+        self._lingering.pop(key, None)
+        if not self._holders.get(key) and not self._closed:
+            task = asyncio.get_running_loop().create_task(self.discard(key, value))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+
+    def keys(self) -> list[Hashable]:
+        """The keys of the values held now (for tests and diagnostics)."""
+        return list(self._values)
+
     def peek(self, key: Hashable) -> Any | None:
         """The value under ``key`` if one was made, without making one."""
         entry = self._values.get(key)
@@ -73,6 +115,8 @@ class LoopShared:
         if entry is None or (value is not None and entry[0] is not value):
             return
         del self._values[key]
+        if (lock := self._locks.get(key)) is not None and not lock.locked():
+            del self._locks[key]
         await _close(key, entry[0], entry[2])
 
     def _fresh(self, key: Hashable, max_age: float | None) -> tuple[Any, float, Any] | None:
@@ -84,6 +128,9 @@ class LoopShared:
     async def aclose(self) -> None:
         """Close every value, newest first."""
         self._closed = True
+        for timer in self._lingering.values():
+            timer.cancel()
+        self._lingering.clear()
         while self._values:
             key, (value, _, close) = self._values.popitem()
             await _close(key, value, close)

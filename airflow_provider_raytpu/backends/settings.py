@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.tpu import parse_bool, parse_int
+from airflow_provider_raytpu.manifests.names import check_namespace
+from airflow_provider_raytpu.values import parse_bool, parse_int
 
 BACKENDS = ("local", "kubernetes", "gke")
 DASHBOARD_ACCESS = ("proxy", "dns", "url")
@@ -46,6 +47,9 @@ class ConnectionSettings:
         ``{cluster_name}`` and ``{namespace}`` are filled in.
     :param local_home: the local backend's state directory (default ``$RAYTPU_HOME``).
     :param local_max_hosts: the largest slice the local backend emulates.
+    :param confirm_with_ray: a cluster is READY only once Ray lists every TPU host with its chips and slice
+        (and, on Kubernetes, GKE's TPU webhook mutated its pods); a task's ``confirm_with_ray`` overrides it.
+        Off for clusters whose image serves no Ray dashboard State API.
     """
 
     conn_id: str
@@ -64,6 +68,7 @@ class ConnectionSettings:
     dashboard_url: str | None = None
     local_home: str | None = None
     local_max_hosts: int = 8
+    confirm_with_ray: bool = True
 
     @classmethod
     def from_extra(cls, conn_id: str, extra: Mapping[str, Any]) -> ConnectionSettings:
@@ -83,7 +88,7 @@ class ConnectionSettings:
                 f"connection {conn_id!r} extra.backend", backend, "is not a backend", f"Set it to one of {BACKENDS}"
             )
         values: dict[str, Any] = {k: v for k, v in extra.items() if v not in (None, "")}
-        for flag in ("use_internal_ip", "use_dns_endpoint"):
+        for flag in ("use_internal_ip", "use_dns_endpoint", "confirm_with_ray"):
             if flag in values:
                 values[flag] = parse_bool(values[flag], f"connection {conn_id!r} extra.{flag}")
         if "local_max_hosts" in values:
@@ -101,6 +106,8 @@ class ConnectionSettings:
                 f"connection {conn_id!r} extra.dashboard_url", None, "is required with dashboard='url'",
                 "Set it, e.g. 'https://ray.example.com/{namespace}/{cluster_name}/'",
             )
+        if "namespace" in values:
+            check_namespace(values["namespace"], f"connection {conn_id!r} extra.namespace")
         if backend == "gke":
             missing = [f for f in ("project_id", "location", "cluster") if not values.get(f)]
             if missing:

@@ -21,6 +21,7 @@ import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
+from urllib.parse import urlsplit, urlunsplit
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -33,6 +34,31 @@ if TYPE_CHECKING:
         from ray._private.authentication.http_token_authentication import format_authentication_http_error
     except ImportError:  # a Ray without token authentication
         format_authentication_http_error = None
+
+
+#: HTTP statuses of an endpoint that is there but cannot answer now (a proxy, a restarting head).
+TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})
+#: Seconds a synchronous Jobs API request may take (Ray's ``JobSubmissionClient`` sets none: a
+#: half-open connection would hang ``submit``, ``status`` and ``stop`` for ever).
+REQUEST_TIMEOUT_SECONDS = 60.0
+#: Seconds an upload of a ``py_modules`` / ``working_dir`` package may take.
+UPLOAD_TIMEOUT_SECONDS = 600.0
+#: Seconds an endpoint's shared session stays open after its last user (followers poll every few seconds).
+SESSION_LINGER_SECONDS = 30.0
+
+
+class DashboardUnavailableError(RuntimeError):
+    """The Ray dashboard (or the API server proxying it) answered a transient error status.
+
+    A ``RuntimeError``, as Ray's ``JobSubmissionClient`` raises for an error answer.
+
+    :param status: the HTTP status.
+    :param text: the start of the answer's body.
+    """
+
+    def __init__(self, status: int, text: str) -> None:
+        self.status = status
+        super().__init__(f"answered {status}: {text}")
 
 
 @dataclass(frozen=True)
@@ -108,7 +134,8 @@ class HttpTransport(abc.ABC):
 class DirectTransport(HttpTransport):
     """An endpoint reached at its URL: an explicit URL, in-cluster DNS, or the local backend's head.
 
-    :param url: the base URL.
+    :param url: the base URL; credentials in it (``https://user:token@host``) are used for requests and
+        never shown (:attr:`url` leaves them out: it goes into XComs and links).
     """
 
     def __init__(self, url: str) -> None:
@@ -116,7 +143,7 @@ class DirectTransport(HttpTransport):
 
     @property
     def url(self) -> str:
-        return self._url
+        return without_credentials(self._url)
 
     def _join(self, path: str) -> str:
         return self._url.rstrip("/") + "/" + path.lstrip("/")
@@ -131,8 +158,9 @@ class DirectTransport(HttpTransport):
 
     @contextlib.asynccontextmanager
     async def asession(self) -> AsyncIterator[aiohttp.ClientSession]:
-        """The ``aiohttp`` session of this endpoint, shared on the event loop (closed with it)."""
-        yield await shared_session(self._url)
+        """The ``aiohttp`` session of this endpoint, shared on the event loop while anyone uses it."""
+        async with shared_session(self._url) as session:
+            yield session
 
     def request(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
                 headers: Mapping[str, str] | None = None, timeout: float | None = 30.0) -> HttpAnswer:
@@ -155,15 +183,27 @@ class DirectTransport(HttpTransport):
                 yield ws
 
 
+def without_credentials(url: str) -> str:
+    """``url`` without the user and password of its authority (``https://user:token@host/x`` ->
+    ``https://host/x``), for what is shown: XComs, links, log lines."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def _aiohttp() -> Any:
     import aiohttp
 
     return aiohttp
 
 
-async def shared_session(url: str) -> aiohttp.ClientSession:
-    """The running event loop's ``aiohttp`` session for the endpoint at ``url`` (aiohttp is imported,
-    and its default SSL contexts built, in a worker thread the first time)."""
+@contextlib.asynccontextmanager
+async def shared_session(url: str) -> AsyncIterator[aiohttp.ClientSession]:
+    """The running event loop's ``aiohttp`` session for the endpoint at ``url``, held for the block
+    (aiohttp is imported, and its default SSL contexts built, in a worker thread the first time);
+    closed :data:`SESSION_LINGER_SECONDS` after its last user left, so a triggerer that followed
+    thousands of clusters keeps no session for any of them."""
     from airflow_provider_raytpu.backends.loop_shared import loop_shared
 
     async def make() -> aiohttp.ClientSession:
@@ -173,7 +213,8 @@ async def shared_session(url: str) -> aiohttp.ClientSession:
     async def close(session: aiohttp.ClientSession) -> None:
         await session.close()
 
-    return await loop_shared().get(("http-session", url), make, close)
+    async with loop_shared().lease(("http-session", url), make, close, linger=SESSION_LINGER_SECONDS) as session:
+        yield session
 
 
 def route_ray_logs() -> None:
@@ -215,8 +256,11 @@ def _transport_job_client_class() -> type[JobSubmissionClient]:
             headers = {"Accept": "application/json", **(self._headers or {})}
             if data is not None:
                 headers["Content-Type"] = "application/octet-stream"
+            timeout = kwargs.get("timeout") or (UPLOAD_TIMEOUT_SECONDS if data is not None else REQUEST_TIMEOUT_SECONDS)
             answer = self._transport.request(method, endpoint, json=json_data, data=data, headers=headers,
-                                             timeout=kwargs.get("timeout"))
+                                             timeout=timeout)
+            if answer.status in TRANSIENT_STATUSES:
+                raise DashboardUnavailableError(answer.status, answer.text(300))
             if self._transport.ray_auth_errors and format_authentication_http_error is not None:
                 if explained := format_authentication_http_error(answer.status, answer.text()):
                     raise AuthenticationError(explained)

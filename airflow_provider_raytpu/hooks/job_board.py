@@ -4,7 +4,7 @@ A :class:`JobBoard` asks the cluster's dashboard for its job list (``GET /api/jo
 Jobs REST API) once per tick while any trigger follows a job there, and hands each follower
 its job's entry: 200 job triggers on 10 clusters make 10 status requests per tick, not 200.
 The tick is the shortest ``poll_interval`` of the followers. One board per cluster per event
-loop (the triggerer's); it stops when its last follower leaves.
+loop (the triggerer's); it stops, and is forgotten, when its last follower leaves.
 """
 
 from __future__ import annotations
@@ -57,9 +57,11 @@ class JobBoard:
     :param where: the cluster, for messages.
     """
 
-    def __init__(self, dashboard: Callable[[], Awaitable[HttpTransport]], where: str) -> None:
+    def __init__(self, dashboard: Callable[[], Awaitable[HttpTransport]], where: str,
+                 released: Callable[[JobBoard], Awaitable[None]] | None = None) -> None:
         self._dashboard = dashboard
         self.where = where
+        self._released = released
         self.requests = 0
         self._views: set[JobView] = set()
         self._task: asyncio.Task[None] | None = None
@@ -80,6 +82,8 @@ class JobBoard:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if not self._views and self._released is not None:
+                await self._released(self)
 
     async def _run(self) -> None:
         while self._views:
@@ -104,8 +108,12 @@ class JobBoard:
 async def job_board(key: tuple[str, str, str], dashboard: Callable[[], Awaitable[HttpTransport]]) -> JobBoard:
     """The running event loop's board for the cluster ``key`` = (connection id, namespace, cluster name)."""
     conn_id, namespace, name = key
+    shared = loop_shared()
+
+    async def release(board: JobBoard) -> None:  # its last follower left: nothing of the cluster stays
+        await shared.discard(("job-board", *key), board)
 
     async def make() -> JobBoard:
-        return JobBoard(dashboard, f"RayCluster {namespace}/{name}")
+        return JobBoard(dashboard, f"RayCluster {namespace}/{name}", release)
 
-    return await loop_shared().get(("job-board", *key), make)
+    return await shared.get(("job-board", *key), make)

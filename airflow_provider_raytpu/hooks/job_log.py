@@ -32,8 +32,13 @@ KNOWN_RAY_TRACEBACKS = {
 RESULT_SHOWN_CHARS = 400
 #: Flags whose JSON value may hold secrets: the task log shows its keys only.
 SECRET_FLAGS = ("--config", "--transform-kwargs")
-# The job supervisor's first line (ray/dashboard/modules/job/job_supervisor.py) repeats the command.
-_ENTRYPOINT_LINE = re.compile(r"^(?P<head>Running entrypoint for job \S+: )(?P<command>.*)$")
+# A secret flag and its value wherever a command is repeated: the job supervisor's first line
+# ("Running entrypoint for job ...: <command>", ray/dashboard/modules/job/job_supervisor.py), and
+# the job's failure message, which quotes the log's last lines. The value as shlex.join quotes
+# it ('...' with '"'"' for a quote inside), double-quoted, or a bare word.
+_SECRET_ARGUMENT = re.compile(
+    r"(?P<flag>" + "|".join(re.escape(flag) for flag in SECRET_FLAGS) + r")(?P<sep>\s+|=)"
+    r"(?P<value>'(?:[^']|'\"'\"')*'|\"(?:[^\"\\]|\\.)*\"|[^\s'\"]\S*)")
 
 
 def closing_line(submission_id: str, status: str, seconds: float | None, outcome: str) -> str:
@@ -50,6 +55,18 @@ def returned(result: Any) -> str:
     return "returned " + (text if len(text) <= RESULT_SHOWN_CHARS else text[: RESULT_SHOWN_CHARS - 3] + "...")
 
 
+def _keys_only(value: str) -> str:
+    """A secret flag's JSON value as its keys only: ``<JSON with keys: a, b>`` (``<JSON>`` when not an object)."""
+    if value.startswith("<JSON"):  # shown already
+        return value
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    keys = ", ".join(str(k) for k in parsed) if isinstance(parsed, dict) else ""
+    return f"<JSON with keys: {keys}>" if keys else "<JSON>"
+
+
 def shown_command(args: Sequence[Any]) -> str:
     """A command for the task log: the JSON after ``--config`` / ``--transform-kwargs`` (which may
     hold secrets) is shown as its keys only.
@@ -58,15 +75,42 @@ def shown_command(args: Sequence[Any]) -> str:
     """
     shown: list[str] = []
     for arg in (str(a) for a in args):
-        if shown and shown[-1] in SECRET_FLAGS:
-            try:
-                value = json.loads(arg)
-            except ValueError:
-                value = None
-            keys = ", ".join(str(k) for k in value) if isinstance(value, dict) else ""
-            arg = f"<JSON with keys: {keys}>" if keys else "<JSON>"
-        shown.append(arg)
+        shown.append(_keys_only(arg) if shown and shown[-1] in SECRET_FLAGS else arg)
     return shlex.join(shown)
+
+
+def mask_secret_arguments(text: str) -> str:
+    """``text`` with the value of every ``--config`` / ``--transform-kwargs`` in it shown as its keys only.
+
+    For whatever repeats a job's command: its log's first line, Ray's failure message (which
+    quotes the log's last lines), a log tail, an exception. Idempotent.
+
+    :param text: any text.
+    """
+    def keys_only(match: re.Match[str]) -> str:
+        raw = match["value"]
+        try:
+            value = shlex.split(raw)[0] if raw[0] in "'\"" else raw
+        except (ValueError, IndexError):
+            value = raw
+        return match["flag"] + match["sep"] + shlex.quote(_keys_only(value))
+
+    if not any(flag in text for flag in SECRET_FLAGS):
+        return text
+    return _SECRET_ARGUMENT.sub(keys_only, text)
+
+
+# Ray's message for a failed job repeats the log's last lines (job_supervisor.py); the task shows its own tail.
+_RAY_LOG_TAIL = re.compile(r", last available logs \(truncated to [\d,]+ chars\):\n.*", re.DOTALL)
+
+
+def job_message(message: str | None) -> str:
+    """Ray's message about how a job ended, as a task shows it: without the log lines Ray quotes in it
+    (the task's error has the tail of the log already), secret arguments shown by their keys.
+
+    :param message: the ``message`` of the job's details.
+    """
+    return mask_secret_arguments(_RAY_LOG_TAIL.sub("", message or ""))
 
 
 def shown_entrypoint(command: str) -> str:
@@ -135,8 +179,7 @@ class JobLogFollower:
         """
         shown = []
         for line in readable_lines(text):
-            if entrypoint := _ENTRYPOINT_LINE.match(line):
-                line = entrypoint["head"] + shown_entrypoint(entrypoint["command"])
+            line = mask_secret_arguments(line)
             actor = known_traceback_of(line)
             if actor is None:
                 shown.append(line)

@@ -20,7 +20,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_raytpu.backends.transport import TRANSIENT_STATUSES
 from airflow_provider_raytpu.hooks.job_board import DashboardError
+from airflow_provider_raytpu.hooks.outage import MAX_BACKOFF_SECONDS
 
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.transport import HttpTransport
@@ -114,12 +116,16 @@ class LogTail:
     async def _run(self) -> None:
         import aiohttp
 
-        refusals = 0
+        refusals = breaks = 0
         while True:
             try:
                 await self._stream(await self._dashboard())
-                refusals = 0
+                refusals = breaks = 0
             except aiohttp.WSServerHandshakeError as exc:
+                if exc.status in TRANSIENT_STATUSES:  # unreachable for now (the job's follower says so)
+                    breaks += 1
+                    await asyncio.sleep(min(MAX_BACKOFF_SECONDS, self.interval * breaks))
+                    continue
                 refusals += 1
                 if refusals >= UPGRADE_REFUSALS_BEFORE_WHOLE_READS:
                     log.warning("Ray's log stream of job %s cannot be opened (%s %s); reading the whole log every "
@@ -130,14 +136,19 @@ class LogTail:
                 await asyncio.sleep(self.interval)
                 continue
             except Exception as exc:  # the head restarting, the proxy dropping the stream
-                log.info("Ray's log stream of job %s broke (%s); opening it again", self.submission_id,
-                         exc or type(exc).__name__)
+                breaks += 1
+                log.log(logging.INFO if breaks == 1 else logging.DEBUG,
+                        "Ray's log stream of job %s broke (%s); opening it again", self.submission_id,
+                        str(exc) or type(exc).__name__)
                 self.reconnects += 1
-                await asyncio.sleep(min(self.interval, 1.0))
+                await asyncio.sleep(min(MAX_BACKOFF_SECONDS, min(self.interval, 1.0) * breaks))
                 continue
             # A normal close is the end of the log once the job has ended; before that, the stream
             # was cut (a restarted head, a proxy's timeout) and is opened again. The follower's next
             # read of the job's status says which.
+            if self._job_ended.is_set():
+                self.wake.set()
+                return
             self._ticked.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ticked.wait(), max(10.0, 3 * self.interval))

@@ -16,15 +16,16 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseHook
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.hooks.job_board import DashboardError, JobBoard, job_board
 from airflow_provider_raytpu.hooks.log_tail import LogTail
+from airflow_provider_raytpu.hooks.outage import DEFAULT_UNREACHABLE_GRACE, call_through_outage
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
     from airflow_provider_raytpu.backends.base import ClusterBackend
     from airflow_provider_raytpu.backends.transport import HttpTransport
+
+T = TypeVar("T")
 
 METADATA_PREFIX = "raytpu."
 ACTIVE = frozenset({"PENDING", "RUNNING"})
@@ -47,6 +50,7 @@ class JobIdentity:
     :param run_id: the DAG run id.
     :param map_index: the map index (-1 when not mapped).
     :param try_number: the Airflow try that submitted the job.
+    :param max_tries: the try's ``max_tries``: the same for every retry, changed by a Clear.
     """
 
     dag_id: str
@@ -54,6 +58,7 @@ class JobIdentity:
     run_id: str
     map_index: int
     try_number: int
+    max_tries: int = -1
 
     @property
     def task_key(self) -> str:
@@ -73,6 +78,7 @@ class JobIdentity:
             f"{METADATA_PREFIX}run_id": self.run_id,
             f"{METADATA_PREFIX}map_index": str(self.map_index),
             f"{METADATA_PREFIX}try_number": str(self.try_number),
+            f"{METADATA_PREFIX}max_tries": str(self.max_tries),
         }
 
 
@@ -87,13 +93,17 @@ class RayJobsHook(BaseHook):
     :param raytpu_conn_id: the ``raytpu`` connection.
     :param cluster_hook: the task's connection hook, when it has one already (one connection
         lookup and one backend per task).
+    :param unreachable_grace_period: seconds a synchronous call keeps trying while the dashboard (or the
+        API server proxying it) is unreachable: refused, timed out, or answering 429/502/503/504.
     """
 
     def __init__(self, cluster_name: str, namespace: str | None = None,
-                 raytpu_conn_id: str = DEFAULT_CONN_ID, cluster_hook: RayTpuHook | None = None, **kwargs: Any) -> None:
+                 raytpu_conn_id: str = DEFAULT_CONN_ID, cluster_hook: RayTpuHook | None = None,
+                 unreachable_grace_period: float = DEFAULT_UNREACHABLE_GRACE, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.cluster_name = cluster_name
         self.raytpu_conn_id = raytpu_conn_id
+        self.unreachable_grace_period = unreachable_grace_period
         self._namespace = namespace
         self._cluster_hook = cluster_hook
 
@@ -125,12 +135,18 @@ class RayJobsHook(BaseHook):
 
     @cached_property
     def client(self) -> JobSubmissionClient:
-        return self.dashboard.job_client()
+        """Ray's client on the cluster's dashboard (its constructor asks the dashboard for Ray's version)."""
+        return self._through_outage(self.dashboard.job_client)
 
     def get_conn(self) -> JobSubmissionClient:
         return self.client
 
-    # -- sync -------------------------------------------------------------------------------
+    def _through_outage(self, call: Callable[[], T]) -> T:
+        """``call()``, tried again while the dashboard is unreachable, up to :attr:`unreachable_grace_period` seconds."""
+        return call_through_outage(call, f"the dashboard of RayCluster {self.namespace}/{self.cluster_name}",
+                                   self.unreachable_grace_period, self.log)
+
+    # -- sync: every call rides through a dashboard or API-server outage -----------------------
 
     def submit(
         self,
@@ -142,48 +158,54 @@ class RayJobsHook(BaseHook):
         entrypoint_resources: Mapping[str, float] | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> str:
-        """Submit a job under the try's deterministic submission id; a repeat finds the same job."""
-        try:
-            return self.client.submit_job(
-                entrypoint=entrypoint,
-                submission_id=identity.submission_id,
-                runtime_env=dict(runtime_env or {}),
-                metadata={**(metadata or {}), **identity.metadata()},
-                entrypoint_num_cpus=entrypoint_num_cpus,
-                entrypoint_resources=dict(entrypoint_resources) if entrypoint_resources else None,
-            )
-        except RuntimeError as exc:
-            if "already exists" not in str(exc):
-                raise
-            return identity.submission_id
+        """Submit a job under the try's deterministic submission id; a repeat (also one whose first
+        answer was lost in an outage) finds the same job."""
+
+        def submit() -> str:
+            try:
+                return self.client.submit_job(
+                    entrypoint=entrypoint,
+                    submission_id=identity.submission_id,
+                    runtime_env=dict(runtime_env or {}),
+                    metadata={**(metadata or {}), **identity.metadata()},
+                    entrypoint_num_cpus=entrypoint_num_cpus,
+                    entrypoint_resources=dict(entrypoint_resources) if entrypoint_resources else None,
+                )
+            except RuntimeError as exc:
+                if "already exists" not in str(exc):
+                    raise
+                return identity.submission_id
+
+        return self._through_outage(submit)
 
     def find_jobs(self, identity: JobIdentity) -> list[JobDetails]:
         """This task's jobs (any try), newest try first."""
         key = identity.metadata()[f"{METADATA_PREFIX}task_key"]
-        mine = [j for j in self.client.list_jobs() if (j.metadata or {}).get(f"{METADATA_PREFIX}task_key") == key]
+        jobs = self._through_outage(lambda: self.client.list_jobs())
+        mine = [j for j in jobs if (j.metadata or {}).get(f"{METADATA_PREFIX}task_key") == key]
         return sorted(mine, key=lambda j: int(j.metadata.get(f"{METADATA_PREFIX}try_number", 0)), reverse=True)
 
     def status(self, submission_id: str) -> tuple[str, str]:
-        info = self.client.get_job_info(submission_id)
+        info = self.info(submission_id)
         return str(info.status), info.message or ""
 
     def info(self, submission_id: str) -> JobDetails:
         """Everything Ray records of the job: status, entrypoint, the driver's exit code, ..."""
-        return self.client.get_job_info(submission_id)
+        return self._through_outage(lambda: self.client.get_job_info(submission_id))
 
     def logs(self, submission_id: str) -> str:
-        return self.client.get_job_logs(submission_id)
+        return self._through_outage(lambda: self.client.get_job_logs(submission_id))
 
     def wall_seconds(self, submission_id: str) -> float | None:
         """How long the job ran (or has run so far), from Ray's record; ``None`` before it started."""
-        info = self.client.get_job_info(submission_id)
+        info = self.info(submission_id)
         if not info.start_time:
             return None
         end = info.end_time or time.time() * 1000
         return max(0.0, (end - info.start_time) / 1000)
 
     def stop(self, submission_id: str) -> bool:
-        return self.client.stop_job(submission_id)
+        return self._through_outage(lambda: self.client.stop_job(submission_id))
 
     # -- async (triggers) -------------------------------------------------------------------
 

@@ -80,3 +80,44 @@ def label_value(value: str) -> str:
     if len(text) > LABEL_VALUE_LIMIT:
         text = f"{text[: LABEL_VALUE_LIMIT - 9].rstrip('-_.')}-{_short_hash(value)}"
     return text
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+def check_namespace(value: object, field: str = "namespace") -> str:
+    """A namespace as Kubernetes requires it (an RFC 1123 label), before it goes into any URL path.
+
+    :raises InvalidInputError: naming the field, the value and the rule.
+    """
+    if not isinstance(value, str) or len(value) > LABEL_VALUE_LIMIT or not _DNS_LABEL.fullmatch(value):
+        raise InvalidInputError(
+            field, value, "is not a Kubernetes namespace",
+            "A namespace has at most 63 lower-case letters, digits and '-', and starts and ends with a letter "
+            "or digit, e.g. 'ray'")
+    return value
+
+
+def label_key_problem(key: object) -> str | None:
+    """Why ``key`` is not a label or annotation key (``[prefix/]name``), or ``None``."""
+    if not isinstance(key, str):
+        return "is not a string"
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return f"has the prefix {prefix!r}, which is not a DNS subdomain (lower case, digits, '-' and '.')"
+    if len(name) > LABEL_VALUE_LIMIT or not _LABEL_NAME.fullmatch(name):
+        return ("has a name part that is not 1-63 letters, digits, '-', '_' or '.', starting and ending "
+                "with a letter or digit")
+    return None
+
+
+def label_value_problem(value: object) -> str | None:
+    """Why ``value`` is not a label value (empty, or at most 63 characters of the name rule), or ``None``."""
+    if not isinstance(value, str):
+        return "is not a string"
+    if value and (len(value) > LABEL_VALUE_LIMIT or not _LABEL_NAME.fullmatch(value)):
+        return "is not a label value: at most 63 letters, digits, '-', '_' or '.', starting and ending with a " \
+               "letter or digit"
+    return None

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.manifests.names import label_key_problem, label_value_problem
 
 DEFAULT_IMAGE = "rayproject/ray:2.60.0-py311-tpu"
 DEFAULT_HEAD_RESOURCES = {"cpu": "2", "memory": "8Gi"}
@@ -31,7 +32,9 @@ class RayClusterOptions:
     :param head_resources: cpu/memory of the head container (requests = limits);
         default: ``{"cpu": "2", "memory": "8Gi"}``.
     :param worker_resources: cpu/memory of each TPU host container; ``google.com/tpu`` is
-        added; default: ``{"cpu": "8", "memory": "32Gi"}``.
+        added; default: 3/4 of the host's GKE machine type's vCPUs and memory (ct6e-standard-4t:
+        ``{"cpu": "135", "memory": "540G"}``; the rest is GKE's), ``{"cpu": "8", "memory": "32Gi"}``
+        for a shape GKE does not offer.
     :param env: environment variables for every Ray container.
     :param head_ray_start_params: extra ``ray start`` flags for the head.
     :param worker_ray_start_params: extra ``ray start`` flags for the TPU hosts.
@@ -72,6 +75,29 @@ class RayClusterOptions:
                     f"Give {name} as a dict; to fill it from params, template its values "
                     "(e.g. {'cpu': '{{ params.cpu }}'}) or set render_template_as_native_obj=True on the DAG",
                 )
+        self._check_metadata()
+        for key, value in (self.env or {}).items():
+            if _templated(value):
+                continue
+            if not isinstance(key, str) or not key or not isinstance(value, (str, int, float)) or isinstance(
+                    value, bool):
+                raise InvalidInputError(f"env[{key!r}]", value, "is not a string (or a number)",
+                                        "Give every environment variable a string value, e.g. env={'LOG_LEVEL': 'info'}")
+
+    def _check_metadata(self) -> None:
+        """Labels and annotations as Kubernetes takes them (the API server would refuse the object late)."""
+        for field, values in (("labels", self.labels), ("annotations", self.annotations)):
+            for key, value in (values or {}).items():
+                if _templated(key) or _templated(value):
+                    continue  # rendered at run time, and checked then
+                problem = label_key_problem(key)
+                if problem is None and field == "labels":
+                    problem = label_value_problem(value)
+                elif problem is None and not isinstance(value, str):
+                    problem = "is not a string"
+                if problem is not None:
+                    raise InvalidInputError(f"{field}[{key!r}]", value, problem,
+                                            f"Write {field} as Kubernetes takes them, e.g. {{'team': 'ml-platform'}}")
 
     @classmethod
     def from_value(cls, value: RayClusterOptions | Mapping[str, Any] | None) -> RayClusterOptions:
@@ -86,6 +112,11 @@ class RayClusterOptions:
 
 
 OPTION_NAMES = tuple(f.name for f in fields(RayClusterOptions))
+
+
+def _templated(value: Any) -> bool:
+    """A value an operator renders at run time (a Jinja string, an ``XComArg``): checked once rendered."""
+    return (isinstance(value, str) and "{{" in value) or hasattr(value, "resolve")
 _MAPPING_FIELDS = tuple(f.name for f in fields(RayClusterOptions) if str(f.type).startswith("Mapping"))
 
 

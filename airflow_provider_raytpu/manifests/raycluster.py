@@ -26,14 +26,27 @@ MANAGED_BY = "airflow-provider-raytpu"
 DAG_ID_KEY = KEY_PREFIX + "dag-id"
 RUN_ID_KEY = KEY_PREFIX + "run-id"
 TASK_ID_KEY = KEY_PREFIX + "task-id"
+MAP_INDEX_KEY = KEY_PREFIX + "map-index"  # recorded only for a mapped task: absent means not mapped
 TPU_SLICE_ANNOTATION = KEY_PREFIX + "tpu-slice"
 SPEC_HASH_ANNOTATION = KEY_PREFIX + "spec-hash"
+ALSO_ADOPTS_ANNOTATION = KEY_PREFIX + "also-adopts"  # spec hashes an older release gave the same spec
 EXPIRES_AT_ANNOTATION = KEY_PREFIX + "expires-at"
 ORIGINATED_FROM_LABEL = "ray.io/originated-from-cr-name"  # KubeRay's, on the RayClusters of a RayService
 
 DEFAULT_WORKER_GROUP = "tpu-slices"
 DASHBOARD_PORT = 8265
 SERVE_PORT = 8000
+#: The port KubeRay's v6e multi-host samples open on every TPU host (the TPU runtime's multi-host DCN traffic).
+MXLA_PORT = {"name": "mxla", "containerPort": 8081}
+#: What KubeRay's v6e multi-host samples set on every TPU host (the TPU runtime's control service on its node).
+_HOST_ENV = {var["name"]: var for var in (
+    {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+    {"name": "VBAR_CONTROL_SERVICE_URL", "value": "$(NODE_IP):8353"},
+    {"name": "JAX_PLATFORMS", "value": "tpu,cpu"},
+    {"name": "ENABLE_PJRT_COMPATIBILITY", "value": "true"},
+)}
+#: The share of a TPU host's vCPUs and memory its Ray container asks for by default.
+HOST_SHARE = 0.75
 _HEAD_PORTS = [
     {"name": "gcs-server", "containerPort": 6379},
     {"name": "dashboard", "containerPort": DASHBOARD_PORT},
@@ -49,11 +62,18 @@ class AirflowOrigin:
     :param dag_id: the DAG id.
     :param run_id: the DAG run id.
     :param task_id: the task id.
+    :param map_index: the map index of a mapped task; -1 when the task is not mapped.
     """
 
     dag_id: str
     run_id: str
     task_id: str
+    map_index: int = -1
+
+    def describe(self) -> str:
+        """``DAG 'x', run 'y', task 'z'`` (and ``, map index 1`` for a mapped task)."""
+        mapped = f", map index {self.map_index}" if self.map_index >= 0 else ""
+        return f"DAG {self.dag_id!r}, run {self.run_id!r}, task {self.task_id!r}{mapped}"
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:
@@ -96,6 +116,26 @@ def _head_template(image: str, resources: Mapping[str, Any], env: Mapping[str, s
     return {"spec": spec}
 
 
+def host_resources(tpu: TpuSlice) -> dict[str, str]:
+    """CPU and memory of a TPU host's Ray container by default: :data:`HOST_SHARE` of its GKE machine type
+    (the rest is GKE's: system reserves and the node's DaemonSets), or a small fixed size for a shape GKE
+    does not offer."""
+    machine = tpu.machine_type
+    if machine is None:
+        return dict(DEFAULT_WORKER_RESOURCES)
+    return {"cpu": str(int(machine.vcpus * HOST_SHARE)), "memory": f"{int(machine.memory_gb * HOST_SHARE)}G"}
+
+
+def _host_env(tpu: TpuSlice, env: Mapping[str, str] | None) -> list[dict[str, Any]]:
+    """A TPU host's environment: what KubeRay's v6e multi-host samples set (the TPU runtime's control
+    service on the node, JAX on the TPU first), then ``env`` (the user's, winning)."""
+    given = _env_list(env)
+    if not (tpu.accelerator == "v6e" and tpu.is_multi_host):
+        return given
+    taken = {var["name"] for var in given}
+    return [copy.deepcopy(var) for var in _HOST_ENV.values() if var["name"] not in taken] + given
+
+
 def _worker_template(tpu: TpuSlice, image: str, resources: Mapping[str, Any],
                      env: Mapping[str, str] | None, service_account: str | None) -> dict[str, Any]:
     limits = {**_str_map(resources), TPU_RESOURCE: str(tpu.host_chips)}
@@ -110,7 +150,8 @@ def _worker_template(tpu: TpuSlice, image: str, resources: Mapping[str, Any],
                 "name": "ray-worker",
                 "image": image,
                 "resources": {"requests": dict(limits), "limits": limits},
-                "env": _env_list(env),
+                "env": _host_env(tpu, env),
+                **({"ports": [dict(MXLA_PORT)]} if tpu.accelerator == "v6e" and tpu.is_multi_host else {}),
             }
         ],
         "nodeSelector": tpu.node_selector,
@@ -155,7 +196,7 @@ def build_ray_cluster(
         dict(options.head_pod_template or {}),
     )
     worker_template = merge_fragment(
-        _worker_template(tpu, image, options.worker_resources or DEFAULT_WORKER_RESOURCES, env, service_account_name),
+        _worker_template(tpu, image, options.worker_resources or host_resources(tpu), env, service_account_name),
         dict(options.worker_pod_template or {}),
     )
     spec: dict[str, Any] = {
@@ -179,7 +220,25 @@ def build_ray_cluster(
     if version := options.ray_version or _ray_version_of(image):
         spec["rayVersion"] = version
     return owned_resource("RayCluster", name, namespace, spec, tpu=tpu, options=options, origin=origin,
-                          expires_at=expires_at)
+                          expires_at=expires_at, also_adopts=[spec_hash(as_released_in_0_1(spec, tpu, options))])
+
+
+def as_released_in_0_1(spec: Mapping[str, Any], tpu: TpuSlice, options: RayClusterOptions) -> dict[str, Any]:
+    """``spec`` as release 0.1 rendered it: a TPU host sized 8 CPU / 32Gi unless ``worker_resources`` was given,
+    and no v6e multi-host env or port. A RayCluster that release made has this spec's hash, and a retry
+    after the upgrade adopts it (``raytpu.dev/also-adopts``)."""
+    old = copy.deepcopy(dict(spec))
+    groups = old.get("workerGroupSpecs") or []
+    containers = groups[0]["template"]["spec"]["containers"] if groups else []
+    for host in (c for c in containers if c.get("name") == "ray-worker"):
+        if options.worker_resources is None:
+            limits = {**DEFAULT_WORKER_RESOURCES, TPU_RESOURCE: str(tpu.host_chips)}
+            host["resources"] = {"requests": dict(limits), "limits": limits}
+        given = set(options.env or {})
+        host["env"] = [var for var in host.get("env") or [] if var["name"] in given or var["name"] not in _HOST_ENV]
+        if host.get("ports") == [MXLA_PORT]:
+            del host["ports"]
+    return old
 
 
 def owned_resource(
@@ -193,10 +252,12 @@ def owned_resource(
     origin: AirflowOrigin | None,
     notes: Mapping[str, str] | None = None,
     expires_at: datetime | None = None,
+    also_adopts: list[str] | None = None,
 ) -> dict[str, Any]:
     """A ray.io/v1 object of ``kind`` with what every object made here carries: the managed-by
     label, the user's labels and annotations, the slice shape, ``notes``, the origin task, the
-    expiry and, last, the spec hash."""
+    expiry and, last, the spec hash (and the hashes of equal specs an older release rendered, which a
+    create adopts as its own: ``also_adopts``)."""
     labels = {MANAGED_BY_LABEL: MANAGED_BY, **(options.labels or {})}
     annotations = {**(options.annotations or {}), TPU_SLICE_ANNOTATION: json.dumps(tpu.to_dict(), sort_keys=True),
                    **(notes or {})}
@@ -204,9 +265,13 @@ def owned_resource(
         labels.update({DAG_ID_KEY: label_value(origin.dag_id), TASK_ID_KEY: label_value(origin.task_id),
                        RUN_ID_KEY: label_value(origin.run_id)})
         annotations.update({DAG_ID_KEY: origin.dag_id, TASK_ID_KEY: origin.task_id, RUN_ID_KEY: origin.run_id})
+        if origin.map_index >= 0:
+            annotations[MAP_INDEX_KEY] = str(origin.map_index)
     if expires_at:
         annotations[EXPIRES_AT_ANNOTATION] = format_expiry(expires_at)
     annotations[SPEC_HASH_ANNOTATION] = spec_hash(spec)
+    if older := sorted(set(also_adopts or ()) - {annotations[SPEC_HASH_ANNOTATION]}):
+        annotations[ALSO_ADOPTS_ANNOTATION] = json.dumps(older)
     return {
         "apiVersion": API_VERSION,
         "kind": kind,

@@ -36,15 +36,18 @@ from airflow_provider_raytpu.manifests.merge import merge_fragment
 from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, resource_name
 from airflow_provider_raytpu.manifests.options import RayClusterOptions
 from airflow_provider_raytpu.manifests.raycluster import (
+    ALSO_ADOPTS_ANNOTATION,
     API_VERSION,
     DAG_ID_KEY,
     KEY_PREFIX,
+    MAP_INDEX_KEY,
     ORIGINATED_FROM_LABEL,
     RUN_ID_KEY,
     SPEC_HASH_ANNOTATION,
     TASK_ID_KEY,
     TPU_SLICE_ANNOTATION,
     AirflowOrigin,
+    as_released_in_0_1,
     build_ray_cluster,
     owned_resource,
     spec_hash,
@@ -198,19 +201,7 @@ def build_ray_service(
     """
     name = resource_name(name, "service_name", RAY_SERVICE_NAME_LIMIT)
     version = parse_version(version)
-    if upgrade_strategy not in UPGRADE_STRATEGIES:
-        raise InvalidInputError(
-            "upgrade_strategy", upgrade_strategy, "is not a KubeRay v1.5 upgrade strategy",
-            f"Write one of {', '.join(repr(s) for s in UPGRADE_STRATEGIES)}",
-        )
-    if upgrade_strategy == "None" and not in_place:
-        raise InvalidInputError(
-            "upgrade_strategy", upgrade_strategy,
-            "makes KubeRay ignore rayClusterConfig changes, so a promotion that writes the version into the "
-            "cluster config would never reach the active cluster",
-            "Set in_place=True (update only the Serve config on the running cluster), or keep "
-            "upgrade_strategy='NewCluster'",
-        )
+    check_upgrade_strategy(upgrade_strategy, in_place)
     current_spec = (current or {}).get("spec") or {}
     kept = cluster_spec_version(current_spec.get("rayClusterConfig")) if in_place else None
     at_cluster = kept or version
@@ -244,7 +235,9 @@ def build_ray_service(
                                             sort_keys=True),
         UPDATE_ANNOTATION: update,
     }
-    return owned_resource("RayService", name, namespace, spec, tpu=tpu, options=options, origin=origin, notes=notes)
+    released_in_0_1 = {**spec, "rayClusterConfig": as_released_in_0_1(spec["rayClusterConfig"], tpu, cluster_options)}
+    return owned_resource("RayService", name, namespace, spec, tpu=tpu, options=options, origin=origin, notes=notes,
+                          also_adopts=[spec_hash(released_in_0_1)])
 
 
 def _version_args(service: Mapping[str, Any]) -> dict[str, str]:
@@ -258,6 +251,26 @@ def _version_args(service: Mapping[str, Any]) -> dict[str, str]:
             "Deploy it once with this version (a promotion of the current version is enough), then roll back",
         )
     return dict(json.loads(text))
+
+
+def check_upgrade_strategy(upgrade_strategy: Any, in_place: bool) -> None:
+    """Refuse an upgrade strategy KubeRay does not have, or ``None`` for a promotion of a new cluster.
+
+    :raises InvalidInputError: naming the value and the strategies there are.
+    """
+    if upgrade_strategy not in UPGRADE_STRATEGIES:
+        raise InvalidInputError(
+            "upgrade_strategy", upgrade_strategy, "is not a KubeRay v1.5 upgrade strategy",
+            f"Write one of {', '.join(repr(s) for s in UPGRADE_STRATEGIES)}",
+        )
+    if upgrade_strategy == "None" and not in_place:
+        raise InvalidInputError(
+            "upgrade_strategy", upgrade_strategy,
+            "makes KubeRay ignore rayClusterConfig changes, so a promotion that writes the version into the "
+            "cluster config would never reach the active cluster",
+            "Set in_place=True (update only the Serve config on the running cluster), or keep "
+            "upgrade_strategy='NewCluster'",
+        )
 
 
 def rolled_back_service(current: Mapping[str, Any], *, in_place: bool, origin: AirflowOrigin | None) -> dict[str, Any]:
@@ -289,14 +302,14 @@ def rolled_back_service(current: Mapping[str, Any], *, in_place: bool, origin: A
     changed_cluster = spec_hash(cluster) != spec_hash((current.get("spec") or {}).get("rayClusterConfig") or {})
     metadata = current.get("metadata") or {}
     notes = {
-        **{k: v for k, v in _annotations(current).items() if k != SPEC_HASH_ANNOTATION},
+        **{k: v for k, v in _annotations(current).items() if k not in (SPEC_HASH_ANNOTATION, ALSO_ADOPTS_ANNOTATION)},
         MODEL_VERSION_ANNOTATION: target,
         VERSION_HISTORY_ANNOTATION: json.dumps(next_history(version_history(current), target)),
         UPDATE_ANNOTATION: NEW_CLUSTER if changed_cluster else IN_PLACE,
         SPEC_HASH_ANNOTATION: spec_hash(spec),
     }
     if origin:
-        notes[ROLLED_BACK_BY_ANNOTATION] = json.dumps([origin.dag_id, origin.run_id, origin.task_id, target])
+        notes[ROLLED_BACK_BY_ANNOTATION] = json.dumps([*_task_of(origin), target])
     return {
         "apiVersion": API_VERSION,
         "kind": "RayService",
@@ -313,7 +326,13 @@ def rolled_back_by(service: Mapping[str, Any] | None, origin: AirflowOrigin) -> 
         recorded = json.loads(text) if text else None
     except ValueError:
         return False
-    return recorded == [origin.dag_id, origin.run_id, origin.task_id, service_version(service)]
+    return recorded == [*_task_of(origin), service_version(service)]
+
+
+def _task_of(origin: AirflowOrigin) -> list[Any]:
+    """The task try's identity as the rolled-back-by annotation records it (a map index only when mapped)."""
+    task: list[Any] = [origin.dag_id, origin.run_id, origin.task_id]
+    return task + [origin.map_index] if origin.map_index >= 0 else task
 
 
 def ray_cluster_of(service: Mapping[str, Any], cluster_name: str) -> dict[str, Any]:
@@ -348,7 +367,8 @@ def ray_cluster_of(service: Mapping[str, Any], cluster_name: str) -> dict[str, A
             "namespace": metadata.get("namespace", "default"),
             "labels": {**labels, ORIGINATED_FROM_LABEL: metadata.get("name", "")},
             "annotations": {
-                **{k: v for k, v in source.items() if k in (TPU_SLICE_ANNOTATION, DAG_ID_KEY, TASK_ID_KEY)},
+                **{k: v for k, v in source.items()
+                   if k in (TPU_SLICE_ANNOTATION, DAG_ID_KEY, TASK_ID_KEY, MAP_INDEX_KEY)},
                 SPEC_HASH_ANNOTATION: spec_hash(spec),
             },
         },

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -13,6 +13,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import FatalError, InvalidInputError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
+from airflow_provider_raytpu.manifests.names import check_namespace
 from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin, tpu_slice_of
 from airflow_provider_raytpu.tpu import TpuSlice
 
@@ -50,15 +51,64 @@ def sensor_poke_interval(poke_interval: float | timedelta | None, poll_interval:
 
 
 def is_templated(value: Any) -> bool:
-    """Whether a parameter is only known at run time: a Jinja template or an ``XComArg``."""
+    """Whether a parameter is only known at run time: a Jinja template or an ``XComArg``, also anywhere
+    inside a dict or list."""
     from airflow.sdk.definitions._internal.mixins import ResolveMixin
 
+    if isinstance(value, Mapping):
+        return any(is_templated(key) or is_templated(item) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(is_templated(item) for item in value)
     return isinstance(value, ResolveMixin) or (isinstance(value, str) and "{{" in value)
 
 
+def check_import_path(value: Any, field: str) -> None:
+    """Refuse what is not ``"package.module:name"`` (the job would fail only once it runs)."""
+    from airflow_provider_raytpu.workloads.loading import split_import_path
+
+    try:
+        split_import_path(value if isinstance(value, str) else "")
+    except ValueError:
+        raise InvalidInputError(field, value, "is not an import path",
+                                "Write 'package.module:name', e.g. 'pipeline.train:train_loop'") from None
+
+
+def check_not_empty(value: Any, field: str, example: str) -> None:
+    """Refuse an empty string, list or ``None`` where a value is needed."""
+    if value is None or (isinstance(value, (str, list, tuple)) and not (value.strip() if isinstance(value, str)
+                                                                        else value)):
+        raise InvalidInputError(field, value, "is empty", f"Give it, e.g. {example}")
+
+
+def check_literal(value: Any, check: Callable[[Any], object]) -> None:
+    """Run ``check(value)`` when the DAG is parsed if ``value`` is a literal (a mistake is an import error);
+    a templated value is checked at run time instead."""
+    if not is_templated(value):
+        check(value)
+
+
+def mask_secret_values(values: Mapping[str, Any] | None) -> None:
+    """Register with Airflow's secrets masker the values, nested too, of keys that look secret (Airflow's
+    own list: ``api_key``, ``password``, ``token``, ``secret``, ...): every log of the task shows them as ``***``.
+
+    :param values: e.g. a training config or a job's environment variables.
+    """
+    if values:
+        from airflow.sdk.log import mask_secret
+
+        mask_secret(dict(values))
+
+
+def map_index_of(context: Context) -> int:
+    """The task instance's map index; -1 when it is not mapped."""
+    map_index = context["ti"].map_index
+    return -1 if map_index is None else int(map_index)
+
+
 def origin_of(context: Context) -> AirflowOrigin:
+    """The task instance an object made now belongs to: DAG, run, task and map index."""
     ti = context["ti"]
-    return AirflowOrigin(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id)
+    return AirflowOrigin(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=map_index_of(context))
 
 
 def read_reference(value: Any, field: str, name_key: str) -> dict[str, Any] | None:
@@ -91,6 +141,8 @@ class ClusterTaskMixin:
     namespace: str | None
     raytpu_conn_id: str | None
     cluster: Any = None
+    #: Whether a READY waits for Ray to list every TPU host; ``None``: the connection's ``confirm_with_ray``.
+    confirm_with_ray: bool | None = None
     reference_field = "cluster"
     reference_name = "cluster_name"
 
@@ -140,8 +192,17 @@ class ClusterTaskMixin:
     def backend(self) -> ClusterBackend:
         return self.hook.backend
 
+    @property
+    def confirms_with_ray(self) -> bool:
+        """Whether a READY waits for Ray to list every TPU host: the task's ``confirm_with_ray``, else the
+        connection's."""
+        return self.backend.settings.confirm_with_ray if self.confirm_with_ray is None else self.confirm_with_ray
+
     def resolved_namespace(self) -> str:
-        return self.namespace or self.hook.settings.namespace
+        """The namespace (given, from the reference, or the connection's), checked before it reaches a URL."""
+        if self.namespace:
+            return check_namespace(self.namespace)
+        return self.hook.settings.namespace
 
     def cluster_tpu(self, name: str, namespace: str, given: TpuSlice | None = None) -> TpuSlice:
         """The slice shape recorded on the cluster; an explicitly given shape must agree with it."""

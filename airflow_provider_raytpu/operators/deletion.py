@@ -8,6 +8,11 @@ runs on. So as a teardown it runs once everything upstream is done, whatever hap
 objects whose owner labels say this DAG (and, for a RayCluster, this run) made them, keeps
 those whose owner annotations name one of the creating tasks exactly, and deletes them.
 The creating tasks are ``created_by``, else the creating operators upstream of the teardown.
+
+A name given explicitly is held to the same owners: two overlapping runs of a DAG with a
+literal ``cluster_name`` share the name, and run 2's teardown must not delete run 1's
+cluster mid-training. An object of another owner (or not made by this provider) is left
+alone with a warning naming its owner, unless ``force=True``.
 """
 
 from __future__ import annotations
@@ -17,10 +22,17 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator, TriggerRule
-from airflow_provider_raytpu.backends.apply import owner_of, wait_until_gone
+from airflow_provider_raytpu.backends.apply import describe_owner, is_managed, owner_of, wait_until_gone
 from airflow_provider_raytpu.manifests.names import label_value, resource_name
-from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, MANAGED_BY, MANAGED_BY_LABEL, RUN_ID_KEY, TASK_ID_KEY
-from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast
+from airflow_provider_raytpu.manifests.raycluster import (
+    DAG_ID_KEY,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    MAP_INDEX_KEY,
+    RUN_ID_KEY,
+    TASK_ID_KEY,
+)
+from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast, map_index_of
 from airflow_provider_raytpu.progress import progress
 
 if TYPE_CHECKING:
@@ -36,8 +48,10 @@ class DeleteOwnedOperator(ClusterTaskMixin, BaseOperator):
 
     :param namespace: the namespace; default: the reference's, else the connection's.
     :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
-    :param created_by: without a name, delete what these task ids made; default: the task ids
-        of the creating operators upstream of this task, else every task of the DAG.
+    :param created_by: delete what these task ids made; default: the task ids of the creating
+        operators upstream of this task, else every task of the DAG.
+    :param force: delete a named object even when another DAG, run or task made it, or this
+        provider did not make it; without it such an object is left alone with a warning naming its owner.
     :param wait_for_deletion: wait until each deleted object (and its pods, where the kind has them) is gone;
         the log says what is left at least every 10 s.
     :param deletion_timeout: seconds to wait for that.
@@ -54,8 +68,10 @@ class DeleteOwnedOperator(ClusterTaskMixin, BaseOperator):
 
     def __init__(self, *, namespace: str | None = None, raytpu_conn_id: str | None = None,
                  created_by: str | Sequence[str] | None = None, wait_for_deletion: bool = False,
-                 deletion_timeout: float = 600, poll_interval: float = 2, **kwargs: Any) -> None:
+                 deletion_timeout: float = 600, poll_interval: float = 2, force: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.force = force
         self.namespace = namespace
         self.raytpu_conn_id = raytpu_conn_id
         self.created_by = created_by
@@ -98,31 +114,58 @@ class DeleteOwnedOperator(ClusterTaskMixin, BaseOperator):
             return [self.created_by] if isinstance(self.created_by, str) else list(self.created_by)
         return sorted(task.task_id for task in self.get_flat_relatives(upstream=True) if self.creates(task))
 
-    def owned(self, context: Context, namespace: str) -> list[str]:
-        """The names of the objects in ``namespace`` the creating tasks of this DAG (run) made."""
+    def wanted_owner(self, context: Context) -> dict[str, str]:
+        """The owner annotations an object of this DAG (run) has, for the keys this kind records.
+
+        A mapped delete task takes only what the same map index made; an unmapped one, every map index.
+        """
         ti = context["ti"]
         wanted = {DAG_ID_KEY: ti.dag_id, RUN_ID_KEY: ti.run_id}
+        if (map_index := map_index_of(context)) >= 0:
+            wanted[MAP_INDEX_KEY] = str(map_index)
+        return {key: value for key, value in wanted.items() if key in self.owner_keys}
+
+    def made_here(self, obj: dict[str, Any], wanted: dict[str, str], tasks: Sequence[str]) -> bool:
+        """Whether this provider made ``obj`` for this DAG (run) in one of ``tasks`` (any task when empty)."""
+        recorded = dict(zip(self.owner_keys, owner_of(obj, self.owner_keys)))
+        return is_managed(obj) and all(recorded[key] == value for key, value in wanted.items()) and (
+            not tasks or recorded.get(TASK_ID_KEY) in tasks)
+
+    def owned(self, context: Context, namespace: str) -> list[str]:
+        """The names of the objects in ``namespace`` the creating tasks of this DAG (run) made."""
+        wanted = self.wanted_owner(context)
         selector = [f"{MANAGED_BY_LABEL}={MANAGED_BY}", *self.other_selectors]
-        selector += [f"{key}={label_value(value)}" for key, value in wanted.items() if key in self.owner_keys]
+        selector += [f"{key}={label_value(value)}" for key, value in wanted.items() if key != MAP_INDEX_KEY]
         tasks = self.creating_tasks()
-        found = []
-        for obj in self.list_objects(namespace, ",".join(selector)):
-            recorded = dict(zip(self.owner_keys, owner_of(obj, self.owner_keys)))
-            if all(recorded[key] == value for key, value in wanted.items() if key in self.owner_keys) and (
-                not tasks or recorded.get(TASK_ID_KEY) in tasks
-            ):
-                found.append(obj["metadata"]["name"])
+        found = [obj["metadata"]["name"] for obj in self.list_objects(namespace, ",".join(selector))
+                 if self.made_here(obj, wanted, tasks)]
         where = f"made by task(s) {', '.join(tasks)}" if tasks else "made by any task"
         scope = "this DAG run" if RUN_ID_KEY in self.owner_keys else "this DAG"
         self.log.info("No %s name given: %d %s(s) of %s %s in namespace %s: %s", self.kind, len(found), self.kind,
                       scope, where, namespace, ", ".join(found) or "none")
         return found
 
+    def named(self, context: Context, name: str, namespace: str) -> list[str]:
+        """``[name]`` when this DAG (run)'s creating tasks made it, or ``force``; else ``[]`` with a warning."""
+        target = resource_name(name, self.reference_name, self.name_limit)
+        obj = self.get_object(target, namespace)
+        tasks = self.creating_tasks()
+        if obj is None or self.force or self.made_here(obj, self.wanted_owner(context), tasks):
+            return [target]
+        owner = describe_owner(obj) if is_managed(obj) else "no task of this provider (it has no managed-by label)"
+        scope = "this DAG run" if RUN_ID_KEY in self.owner_keys else "this DAG"
+        made_by = f"task(s) {', '.join(tasks)} of {scope}" if tasks else f"a task of {scope}"
+        self.log.warning(
+            "Not deleting %s %s/%s: it belongs to %s, not to %s. It may still be in use; pass force=True to "
+            "delete it anyway", self.kind, namespace, target, owner, made_by)
+        return []
+
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
             namespace = self.resolved_namespace()
             name = getattr(self, self.reference_name)
-            names = [resource_name(name, self.reference_name, self.name_limit)] if name else self.owned(context, namespace)
+            names = self.named(context, name, namespace) if name else self.owned(context, namespace)
+            skipped = [resource_name(name, self.reference_name, self.name_limit)] if name and not names else []
             deleted: dict[str, float] = {}  # name: when its delete began
             for target in names:
                 since = time.monotonic()
@@ -141,5 +184,5 @@ class DeleteOwnedOperator(ClusterTaskMixin, BaseOperator):
                                     (lambda t=target: pods_left(t, namespace)) if pods_left is not None else None,
                                     since)
         key = self.reference_name
-        return {key: names[0] if len(names) == 1 else None, f"{key}s": names, "namespace": namespace,
-                "deleted": bool(deleted)}
+        return {key: (names or skipped)[0] if len(names or skipped) == 1 else None, f"{key}s": names,
+                "namespace": namespace, "deleted": bool(deleted), "skipped": skipped}

@@ -9,10 +9,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.operators.base import check_import_path, check_literal, check_not_empty, mask_secret_values
 from airflow_provider_raytpu.operators.links import CheckpointsLink, ProfileLink, RayJobLink, push_link, storage_console_url
 from airflow_provider_raytpu.operators.ray_data import asset_for
-from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator, cycle_start
-from airflow_provider_raytpu.operators.raycluster import SLICE_FIELDS, check_literal_slice
+from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
+from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.workloads.steps import profile_window
 
@@ -41,14 +42,16 @@ def _duration(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def run_name_of(context: Context, cycle: int | None) -> str:
+def run_name_of(context: Context, resume_on_clear: bool = False) -> str:
     """Ray Train's run name: the same for every retry of a task in a DAG run, so a retry resumes.
 
-    :param cycle: the try that started this cycle of the task (:func:`cycle_start`): a Clear
-        starts a new cycle, so a new run from step 0; ``None``: the first cycle's run, across Clears.
+    A Clear starts a new cycle of tries, so a new run from step 0: the name includes the
+    ``max_tries`` Airflow records on the task instance, which a Clear changes and a retry does
+    not (:mod:`~airflow_provider_raytpu.operators.job_tries`). With ``resume_on_clear`` every
+    cycle has the same name, so a Clear resumes the run the cleared task trained.
     """
     ti = context["ti"]
-    identity = f"{ti.dag_id}|{ti.run_id}|{ti.task_id}|{ti.map_index}" + (f"|{cycle}" if cycle and cycle > 1 else "")
+    identity = f"{ti.dag_id}|{ti.run_id}|{ti.task_id}|{ti.map_index}" + ("" if resume_on_clear else f"|{ti.max_tries}")
     digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
     readable = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{ti.dag_id}.{ti.task_id}")[:100].strip("-.")
     return f"{readable}-{digest}"
@@ -101,6 +104,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
     template_fields_renderers = {**SubmitRayJobOperator.template_fields_renderers, "config": "json",
                                  "datasets": "json"}
     operator_extra_links = (RayJobLink(), CheckpointsLink(), ProfileLink())
+    builds_entrypoint = True
 
     def __init__(
         self,
@@ -131,6 +135,8 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         if accelerator or topology:
             check_literal_slice(accelerator or "", topology or "", num_slices or 1, spot, chips_per_host)
         profile_window(profile_steps)
+        check_literal(train_loop, lambda value: check_import_path(value, "train_loop"))
+        check_literal(checkpoint_uri, lambda value: check_not_empty(value, "checkpoint_uri", "'gs://bucket/checkpoints'"))
         super().__init__(entrypoint="", **kwargs)
         self.train_loop = train_loop
         self.checkpoint_uri = checkpoint_uri
@@ -154,9 +160,12 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         return TpuSlice(self.accelerator or "", self.topology or "", self.num_slices or 1, self.spot, self.chips_per_host)
 
     def prepare_entrypoint(self, context: Context) -> None:
+        check_import_path(self.train_loop, "train_loop")
+        check_not_empty(self.checkpoint_uri, "checkpoint_uri", "'gs://bucket/checkpoints'")
+        mask_secret_values(self.config)
         window = profile_window(self.profile_steps)
         tpu = self.cluster_tpu(self.jobs.cluster_name, self.jobs.namespace, self.given_tpu())
-        run_name = run_name_of(context, None if self.resume_on_clear else cycle_start(context, self.retries or 0))
+        run_name = run_name_of(context, self.resume_on_clear)
         run_uri = f"{self.checkpoint_uri.rstrip('/')}/{run_name}"
         self.log.info("Training on %s as Ray Train run %s; its checkpoints go to %s", tpu.describe(), run_name,
                       run_uri)

@@ -7,12 +7,40 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset
-from airflow_provider_raytpu.operators.base import is_templated
+from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.operators.base import (
+    check_import_path,
+    check_literal,
+    is_templated,
+    map_index_of,
+    mask_secret_values,
+)
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
 from airflow_provider_raytpu.tpu import plural
+from airflow_provider_raytpu.workloads.uris import APART_FIX, output_overlap
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+
+def check_output_apart(input_uri: Any, output_uri: Any) -> None:
+    """Refuse an output that overlaps the input (equal, or one inside the other), before anything is submitted.
+
+    Checked when the DAG is parsed for literal URIs, and before the job for templated ones.
+    """
+    if not all(isinstance(uri, str) and uri.strip() for uri in (input_uri, output_uri)):
+        field, value = ("input_uri", input_uri) if not (isinstance(input_uri, str) and input_uri.strip()) else (
+            "output_uri", output_uri)
+        raise InvalidInputError(field, value, "is empty", "Give a gs:// prefix or a path, e.g. 'gs://bucket/clean'")
+    if problem := output_overlap(input_uri, output_uri):
+        raise InvalidInputError("output_uri", output_uri, problem, APART_FIX)
+
+
+def output_owner(context: Context) -> str:
+    """Who writes a task's output: its DAG, task and map index (any run of the task may replace it)."""
+    ti = context["ti"]
+    return json.dumps({"dag_id": ti.dag_id, "task_id": ti.task_id, "map_index": map_index_of(context)},
+                      sort_keys=True)
 
 
 def asset_for(uri: Any) -> list[Asset]:
@@ -27,7 +55,9 @@ class RayDataOperator(SubmitRayJobOperator):
     or a callable class (stateful, e.g. an embedding model loaded once per actor, run
     as an actor pool of ``concurrency`` actors, each with its own resources such as one
     TPU host). Re-running the same output URI replaces it, so a retry or a rerun of
-    the same logical date never duplicates rows. Returns ``rows_in``, ``rows_out``,
+    the same logical date never duplicates rows; it removes only what this task wrote there
+    before (the output carries a record of its task and files), and an output prefix that
+    holds anything else, or overlaps the input, is refused before anything is written. Returns ``rows_in``, ``rows_out``,
     ``output_uri``, ``seconds`` and ``rows_per_second``. A literal ``output_uri`` is
     declared as an Airflow asset, so downstream DAGs can be scheduled on it.
 
@@ -52,6 +82,7 @@ class RayDataOperator(SubmitRayJobOperator):
     template_fields: Sequence[str] = (
         *SubmitRayJobOperator.template_fields, "input_uri", "output_uri", "transform", "transform_kwargs",
     )
+    builds_entrypoint = True
 
     def __init__(
         self,
@@ -69,6 +100,9 @@ class RayDataOperator(SubmitRayJobOperator):
         batch_format: str = "numpy",
         **kwargs: Any,
     ) -> None:
+        if not any(is_templated(uri) for uri in (input_uri, output_uri)):
+            check_output_apart(input_uri, output_uri)
+        check_literal(transform, lambda value: check_import_path(value, "transform"))
         kwargs.setdefault("outlets", asset_for(output_uri))
         super().__init__(entrypoint="", **kwargs)
         self.input_uri = input_uri
@@ -84,13 +118,17 @@ class RayDataOperator(SubmitRayJobOperator):
         self.batch_format = batch_format
 
     def prepare_entrypoint(self, context: Context) -> None:
+        check_output_apart(self.input_uri, self.output_uri)
+        check_import_path(self.transform, "transform")
+        mask_secret_values(self.transform_kwargs)
         if self.actor_per_tpu_host:
             tpu = self.cluster_tpu(self.jobs.cluster_name, self.jobs.namespace)
             self.concurrency, self.num_tpus_per_actor = tpu.total_hosts, tpu.host_chips
             self.log.info("One actor per TPU host: %s of %s", plural(tpu.total_hosts, "actor"),
                           plural(tpu.host_chips, "chip"))
         args = ["python", "-m", "airflow_provider_raytpu.workloads.preprocess", "--input", self.input_uri,
-                "--output", self.output_uri, "--transform", self.transform, "--batch-format", self.batch_format]
+                "--output", self.output_uri, "--transform", self.transform, "--batch-format", self.batch_format,
+                "--owner", output_owner(context)]
         optional = {"--format": self.input_format, "--batch-size": self.batch_size, "--concurrency": self.concurrency,
                     "--num-tpus-per-actor": self.num_tpus_per_actor}
         args += [str(v) for flag, value in optional.items() if value is not None for v in (flag, value)]

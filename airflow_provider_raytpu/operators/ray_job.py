@@ -13,10 +13,26 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from airflow_provider_raytpu.hooks.job_log import JobLogFollower, closing_line, returned, shown_entrypoint
+from airflow_provider_raytpu.hooks.job_log import (
+    JobLogFollower,
+    closing_line,
+    job_message,
+    mask_secret_arguments,
+    returned,
+    shown_entrypoint,
+)
+from airflow_provider_raytpu.hooks.outage import DEFAULT_UNREACHABLE_GRACE, DashboardUnreachableError
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, TERMINAL, JobIdentity, RayJobsHook
 from airflow_provider_raytpu.manifests.names import resource_name
-from airflow_provider_raytpu.operators.base import ClusterTaskMixin, default_deferrable, fail_fast
+from airflow_provider_raytpu.operators.base import (
+    ClusterTaskMixin,
+    check_literal,
+    check_not_empty,
+    default_deferrable,
+    fail_fast,
+    mask_secret_values,
+)
+from airflow_provider_raytpu.operators.job_tries import job_identity, same_cycle, stop_leftovers, will_be_retried
 from airflow_provider_raytpu.operators.links import RayJobLink, dashboard_url, push_link
 from airflow_provider_raytpu.progress import Heartbeat
 from airflow_provider_raytpu.status import ClusterStatus, Phase, ReconcileFailureGrace
@@ -29,27 +45,8 @@ if TYPE_CHECKING:
 
 LOG_TAIL_LINES = 50
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-STOP_TIMEOUT_SECONDS = 120.0
-
-
-def identity_of(context: Context) -> JobIdentity:
-    ti = context["ti"]
-    map_index = ti.map_index if ti.map_index is not None else -1
-    return JobIdentity(ti.dag_id, ti.task_id, ti.run_id, map_index, ti.try_number)
-
-
-def cycle_start(context: Context, retries: int) -> int:
-    """The try that started this cycle of the task: 1, or the first try after the latest Clear.
-
-    Clearing a task sets ``max_tries = try_number + retries``; retries leave it alone.
-    """
-    ti = context["ti"]
-    return ti.max_tries - retries + 1
-
-
-def is_fresh_start(context: Context, retries: int) -> bool:
-    """Whether this try starts a new cycle: the first try, or the first after a user's Clear."""
-    return context["ti"].try_number <= cycle_start(context, retries)
+#: Seconds a task that gave up on an unreachable dashboard tries to stop its job on its last try.
+STOP_ON_GIVE_UP_GRACE = 30.0
 
 
 class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
@@ -59,13 +56,22 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
     id. On an Airflow retry the operator finds this task's jobs, newest try first: a
     pending or running job is reattached to (never a second job), a succeeded one
     returns its result without rerunning, a failed or stopped one is submitted again
-    (and resumes from its checkpoints, when it keeps any). A user's Clear starts over.
+    (and resumes from its checkpoints, when it keeps any). A user's Clear starts over
+    (told apart from a retry by the ``max_tries`` Airflow records on the task instance, not
+    by today's ``retries``: :mod:`~airflow_provider_raytpu.operators.job_tries`).
     Before any new submission, jobs of this task still pending or running are stopped and
     waited for, so two drivers never share a run directory or a slice.
 
+    While the cluster's dashboard (or the API server proxying it) is unreachable, every
+    request is tried again for ``unreachable_grace_period`` seconds, with a line at least
+    every 10 s saying what is unreachable; the job runs on meanwhile. After that the task
+    fails and Airflow decides: a try that will be retried leaves the job running (the retry
+    reattaches to it); the last try stops it.
+
     A cluster that is not READY yet (e.g. re-created by a cleared setup task) is waited for,
     with its progress in the log (deferred to the triggerer when deferrable), up to
-    ``cluster_ready_timeout`` seconds; a FAILED one fails the task.
+    ``cluster_ready_timeout`` seconds; a FAILED one fails the task. READY means what the connection's
+    ``confirm_with_ray`` says (:class:`~airflow_provider_raytpu.sensors.raycluster.RayClusterReadySensor`).
 
     The job reports its result by printing ``RAYTPU_RESULT <json>``
     (``airflow_provider_raytpu.workloads.result.report_result``); the last such line
@@ -88,6 +94,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         ``[operators] default_deferrable``.
     :param poll_interval: seconds between status polls.
     :param cluster_ready_timeout: seconds to wait for a cluster that is not READY.
+    :param unreachable_grace_period: seconds the dashboard may be unreachable before the task gives up.
     """
 
     template_fields: Sequence[str] = (
@@ -105,6 +112,8 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
     ui_color = "#fef7e0"
     # The entrypoint a subclass builds in execute() is shown in the rendered-template view.
     overwrite_rtif_after_execution = True
+    #: Whether the operator builds its command itself (:meth:`prepare_entrypoint`), so ``entrypoint`` may be empty.
+    builds_entrypoint = False
 
     def __init__(
         self,
@@ -122,11 +131,14 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         deferrable: bool | None = None,
         poll_interval: float = 2.0,
         cluster_ready_timeout: float = 3600.0,
+        unreachable_grace_period: float = DEFAULT_UNREACHABLE_GRACE,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if cluster is None and cluster_name is None:
             raise TypeError(f"{type(self).__name__} needs cluster=<create task>.output or cluster_name=...")
+        if not self.builds_entrypoint:
+            check_literal(entrypoint, lambda value: check_not_empty(value, "entrypoint", "['python', 'job.py']"))
         self.cluster = cluster
         self.cluster_name = cluster_name
         self.entrypoint = entrypoint
@@ -140,14 +152,15 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         self.deferrable = default_deferrable() if deferrable is None else deferrable
         self.poll_interval = poll_interval
         self.cluster_ready_timeout = cluster_ready_timeout
+        self.unreachable_grace_period = unreachable_grace_period
         self.submission_id: str | None = None
         self.job_args: list[str] | None = None
 
     @cached_property
     def jobs(self) -> RayJobsHook:
         """The Ray Jobs API of the cluster, through the task's one backend."""
-        return RayJobsHook(resource_name(self.require_name(), "cluster_name"), self.namespace, self.conn_id,
-                           cluster_hook=self.hook)
+        return RayJobsHook(resource_name(self.require_name(), "cluster_name"), self.resolved_namespace(), self.conn_id,
+                           cluster_hook=self.hook, unreachable_grace_period=self.unreachable_grace_period)
 
     def prepare_entrypoint(self, context: Context) -> None:
         """Build the command once the cluster is READY (a subclass sets :attr:`job_args` here)."""
@@ -166,6 +179,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
 
     def job_runtime_env(self) -> dict[str, Any]:
         env = dict(self.runtime_env or {})
+        mask_secret_values(env.get("env_vars"))
         if self.ship_provider:
             modules = list(env.get("py_modules") or [])
             if str(PACKAGE_DIR) not in modules:
@@ -191,6 +205,8 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         with self._task_clients():
             if event["status"] == "ERROR":
                 raise AirflowFailException(event["message"])
+            if event["status"] == "UNREACHABLE":
+                raise AirflowException(event["message"])
             if event["status"] != Phase.READY.value:
                 self._not_ready(event.get("cluster") and ClusterStatus.from_dict(event["cluster"]),
                                 event.get("diagnosis", ""))
@@ -202,7 +218,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         """Return once the cluster is READY: at once, after waiting here, or (deferrable) in the triggerer."""
         with fail_fast():
             name, namespace = self.jobs.cluster_name, self.jobs.namespace
-            status = self.backend.cluster_status(name, namespace)
+            status = self.backend.cluster_status(name, namespace, confirm_with_ray=self.confirms_with_ray)
         if status.phase is Phase.READY:
             return
         if status.phase is not Phase.PROVISIONING:
@@ -213,7 +229,8 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
             self.defer(
                 trigger=RayClusterReadyTrigger(cluster_name=name, namespace=namespace, raytpu_conn_id=self.conn_id,
                                                deadline=time.time() + self.cluster_ready_timeout,
-                                               poll_interval=self.poll_interval),
+                                               poll_interval=self.poll_interval,
+                                               confirm_with_ray=self.confirms_with_ray),
                 method_name="execute_when_ready",
                 timeout=timedelta(seconds=self.cluster_ready_timeout + 120),
             )
@@ -223,12 +240,13 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         heartbeat.due(status.message)
         while status.phase is Phase.PROVISIONING and time.monotonic() < deadline:
             time.sleep(min(self.poll_interval, heartbeat.seconds_left()))
-            status = grace.judge(self.backend.cluster_status(name, namespace), time.time())
+            status = grace.judge(self.backend.cluster_status(name, namespace, confirm_with_ray=self.confirms_with_ray),
+                                 time.time())
             if heartbeat.due(status.message):
                 self.log.info("RayCluster %s/%s: %s: %s (%.0f s)", namespace, name, status.phase.value,
                               status.message, heartbeat.elapsed)
         if status.phase is not Phase.READY:
-            self._not_ready(status, self.backend.diagnose(name, namespace))
+            self._not_ready(status, self.backend.diagnose(name, namespace, confirm_with_ray=self.confirms_with_ray))
         self.log.info("RayCluster %s/%s is ready: %s", namespace, name, status.message)
 
     def _not_ready(self, status: ClusterStatus | None, diagnosis: str) -> NoReturn:
@@ -247,7 +265,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
             self.prepare_entrypoint(context)
             command = self.entrypoint_command()
             self.show_entrypoint(command)
-            identity = identity_of(context)
+            identity = job_identity(context)
             jobs = self.jobs
             previous = jobs.find_jobs(identity)
         submission_id = self._reattach_or_resubmit(context, identity, previous, command)
@@ -263,15 +281,33 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
                     namespace=jobs.namespace,
                     raytpu_conn_id=self.conn_id,
                     poll_interval=self.poll_interval,
+                    unreachable_grace_period=self.unreachable_grace_period,
                 ),
                 method_name="execute_complete",
             )
-        return self._wait(submission_id)
+        try:
+            return self._wait(submission_id)
+        except DashboardUnreachableError as exc:
+            self._give_up(context, submission_id, str(exc))
+
+    def _give_up(self, context: Context, submission_id: str, reason: str) -> NoReturn:
+        """Stop following the job: leave it running for a retry to reattach to, or stop it on the last try."""
+        if will_be_retried(context):
+            raise AirflowException(f"{reason}\nGave up following Ray job {submission_id}; it was not stopped: the "
+                                   f"next try reattaches to it if it still runs")
+        self.log.warning("Stopping Ray job %s: this was the task's last try", submission_id)
+        stopper = RayJobsHook(self.jobs.cluster_name, self.jobs.namespace, self.conn_id, cluster_hook=self.hook,
+                              unreachable_grace_period=STOP_ON_GIVE_UP_GRACE)
+        try:
+            stopper.stop(submission_id)
+        except Exception as exc:  # the dashboard is still unreachable: the teardown ends the job with its cluster
+            self.log.warning("Could not stop Ray job %s: %s", submission_id, exc)
+        raise AirflowException(f"{reason}\nGave up following Ray job {submission_id} on the task's last try")
 
     def _reattach_or_resubmit(self, context: Context, identity: JobIdentity, previous: list[Any],
                               command: str) -> str | None:
         """The job to follow: reattached, or newly submitted; ``None`` when the newest already succeeded."""
-        if not is_fresh_start(context, self.retries or 0) and previous:
+        if previous and same_cycle(previous[0], context):
             newest = previous[0]
             status = str(newest.status)
             if status in ACTIVE:
@@ -282,7 +318,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
                 self.log.info("Ray job %s already succeeded; returning its result", newest.submission_id)
                 return None
             self.log.info("Ray job %s ended %s; submitting try %s", newest.submission_id, status, identity.try_number)
-        self._stop_leftovers(previous)
+        stop_leftovers(self.jobs, previous, self.log, self.poll_interval)
         submission_id = self.jobs.submit(
             identity,
             command,
@@ -293,25 +329,6 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         )
         self.log.info("Submitted Ray job %s: %s", submission_id, self.entrypoint)
         return submission_id
-
-    def _stop_leftovers(self, previous: list[Any]) -> None:
-        """Stop this task's jobs still pending or running, and wait until each has ended."""
-        leftovers = [job.submission_id for job in previous if str(job.status) in ACTIVE]
-        for submission_id in leftovers:
-            self.log.warning("Stopping Ray job %s left running by an earlier run of this task", submission_id)
-            self.jobs.stop(submission_id)
-        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
-        heartbeat = Heartbeat()
-        for submission_id in leftovers:
-            while (status := self.jobs.status(submission_id)[0]) not in TERMINAL:
-                if time.monotonic() > deadline:
-                    raise AirflowException(f"Ray job {submission_id} is still {status} {STOP_TIMEOUT_SECONDS:.0f} s "
-                                           "after it was asked to stop; not submitting a second driver next to it")
-                if heartbeat.due(status):
-                    self.log.info("Waiting for Ray job %s to stop: %s (%.0f s)", submission_id, status,
-                                  heartbeat.elapsed)
-                time.sleep(min(self.poll_interval, 1.0))
-            self.log.info("Ray job %s ended %s", submission_id, status)
 
     def _persist_link(self, context: Context, submission_id: str) -> None:
         push_link(context, RayJobLink, dashboard_url(self.jobs.dashboard, f"jobs/{submission_id}"))
@@ -338,7 +355,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         with self._task_clients():
             self.submission_id = event["submission_id"]
             if event["status"] == "ERROR":
-                raise AirflowException(event["message"])
+                self._give_up(context, event["submission_id"], event["message"])
             self.show_entrypoint(self.jobs.info(self.submission_id).entrypoint)
             if event["status"] == "SUCCEEDED" and "result" in event:  # the trigger read the whole log
                 return self._succeeded(event["submission_id"], event["result"])
@@ -349,9 +366,10 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
     def _finish(self, submission_id: str, status: str, message: str, logs: str) -> Any:
         if status == "SUCCEEDED":
             return self._succeeded(submission_id, last_result(logs))
+        message = job_message(message)
         self.log.error("%s", closing_line(submission_id, status, self.jobs.wall_seconds(submission_id),
                                           message or "no message"))
-        tail = "\n".join(logs.splitlines()[-LOG_TAIL_LINES:])
+        tail = mask_secret_arguments("\n".join(logs.splitlines()[-LOG_TAIL_LINES:]))
         text = f"Ray job {submission_id} {status}: {message}\n--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
         if status == "FAILED" and self.jobs.info(submission_id).driver_exit_code == EXIT_BAD_INPUT:
             raise AirflowFailException(f"{text}\nThe job exited with code {EXIT_BAD_INPUT} (bad input): not retried")

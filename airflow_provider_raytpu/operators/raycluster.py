@@ -9,8 +9,11 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, owned_name, resource_name
 from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
+from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, RayJobsHook
 from airflow_provider_raytpu.manifests.raycluster import (
+    DAG_ID_KEY,
     EXPIRES_AT_ANNOTATION,
+    RUN_ID_KEY,
     ORIGINATED_FROM_LABEL,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -18,24 +21,35 @@ from airflow_provider_raytpu.manifests.raycluster import (
     parse_expiry,
 )
 from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER
-from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast, is_templated, origin_of
+from airflow_provider_raytpu.backends.base import Applied
+from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.operators.base import (
+    ClusterTaskMixin,
+    check_literal,
+    fail_fast,
+    map_index_of,
+    origin_of,
+)
 from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
 from airflow_provider_raytpu.operators.links import RayDashboardLink, push_dashboard_link
+from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice, check_offered
 from airflow_provider_raytpu.status import ClusterStatus
-from airflow_provider_raytpu.tpu import TpuSlice, parse_bool
+from airflow_provider_raytpu.tpu import TpuSlice
+from airflow_provider_raytpu.values import parse_bool
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-SLICE_FIELDS = ("accelerator", "topology", "num_slices", "spot", "chips_per_host")
+#: Seconds the sweep of expired clusters tries to list a cluster's Ray jobs.
+JOB_CHECK_GRACE_SECONDS = 5.0
 
 
 def default_cluster_name(context: Context) -> str:
     """One cluster per DAG run and create task: the DAG and task ids, and a hash of DAG id, run id,
     task id and map index (so ``etl_daily`` and ``etl.daily`` differ), the same on every retry."""
     ti = context["ti"]
-    map_index = ti.map_index if ti.map_index is not None else -1
-    return owned_name(f"{ti.dag_id}-{ti.task_id}", (ti.dag_id, ti.run_id, ti.task_id, map_index), "cluster_name",
+    return owned_name(f"{ti.dag_id}-{ti.task_id}", (ti.dag_id, ti.run_id, ti.task_id, map_index_of(context)),
+                      "cluster_name",
                       RAY_CLUSTER_NAME_LIMIT)
 
 
@@ -68,7 +82,9 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         :class:`~airflow_provider_raytpu.manifests.options.RayClusterOptions` or a dict of
         its fields, every field templated. Each field can also be given as a keyword
         argument of its own (``image=...``, ``env=...``), but not both ways.
-    :param max_lifetime: after this, :class:`DeleteExpiredRayClustersOperator` deletes the cluster.
+    :param max_lifetime: after this (a ``timedelta``, or seconds), :class:`DeleteExpiredRayClustersOperator`
+        deletes the cluster, unless a Ray job or its DAG run is still running; adopting the cluster (a
+        retry, a Clear) renews it from then.
     :param update_if_exists: recreate this task's own cluster when its spec differs, instead of failing.
     """
 
@@ -96,12 +112,14 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         namespace: str | None = None,
         raytpu_conn_id: str | None = None,
         cluster_options: RayClusterOptions | Mapping[str, Any] | str | None = None,
-        max_lifetime: timedelta = timedelta(hours=24),
+        max_lifetime: timedelta | float = timedelta(hours=24),
         update_if_exists: bool | str = False,
         **kwargs: Any,
     ) -> None:
         options = take_cluster_options(cluster_options, kwargs)
-        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host)
+        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host, raytpu_conn_id=raytpu_conn_id)
+        check_literal(options, RayClusterOptions.from_value)
+        lifetime = parse_lifetime(max_lifetime)
         super().__init__(**kwargs)
         self.accelerator = accelerator
         self.topology = topology
@@ -112,12 +130,13 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         self.namespace = namespace
         self.raytpu_conn_id = raytpu_conn_id
         self.cluster_options = options
-        self.max_lifetime = max_lifetime
+        self.max_lifetime = lifetime
         self.update_if_exists = update_if_exists
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
             tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host)
+            check_offered(tpu, self.hook.settings.backend, self.log)
             options = RayClusterOptions.from_value(self.cluster_options)
             update_if_exists = parse_bool(self.update_if_exists, "update_if_exists")
             name = resource_name(self.cluster_name or default_cluster_name(context), "cluster_name")
@@ -132,20 +151,40 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
             )
             self.log.info("RayCluster %s/%s: %s", namespace, name, tpu.describe())
             result = self.backend.apply_cluster(manifest, update_if_exists=update_if_exists)
+            if result.action is Applied.ADOPTED:
+                renew_expiry(self, result.cluster, manifest)
         self.log.info("RayCluster %s/%s %s", namespace, name, result.action.value)
         push_dashboard_link(context, self.backend, name, namespace)
         return self.cluster_reference(name, namespace, tpu.to_dict())
 
 
-def check_literal_slice(*fields: Any) -> None:
-    """Check a slice shape written as literals when the DAG is parsed (an import error in the UI).
+def parse_lifetime(value: Any) -> timedelta:
+    """``max_lifetime`` as a ``timedelta``: given as one, or as seconds; more than zero.
 
-    Templated values (Jinja, ``XComArg``) are known only at run time, and checked then.
-
-    :param fields: accelerator, topology, num_slices, spot and chips_per_host as given.
+    :raises InvalidInputError: not a duration, or not positive.
     """
-    if not any(is_templated(value) for value in fields):
-        TpuSlice(*fields)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = timedelta(seconds=value)
+    if not isinstance(value, timedelta):
+        raise InvalidInputError("max_lifetime", value, "is not a duration",
+                                "Give a timedelta, e.g. timedelta(hours=24), or a number of seconds")
+    if value <= timedelta(0):
+        raise InvalidInputError("max_lifetime", value, "is not longer than zero: the cluster would be expired "
+                                "when it is made", "Give how long the cluster may live, e.g. timedelta(hours=24)")
+    return value
+
+
+def renew_expiry(task: CreateRayClusterOperator, stored: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """A create that adopts its cluster (a retry, a Clear the next day) renews the cluster's expiry from now:
+    the sweep of expired clusters must not delete it mid-run."""
+    metadata = stored.get("metadata") or {}
+    name, namespace = metadata.get("name"), metadata.get("namespace")
+    renewed = manifest["metadata"]["annotations"][EXPIRES_AT_ANNOTATION]
+    recorded = (metadata.get("annotations") or {}).get(EXPIRES_AT_ANNOTATION)
+    if recorded == renewed:
+        return
+    task.backend.annotate_cluster(name, namespace, {EXPIRES_AT_ANNOTATION: renewed})
+    task.log.info("RayCluster %s/%s adopted: its expiry is renewed from %s to %s", namespace, name, recorded, renewed)
 
 
 def teardown_detail(status: ClusterStatus) -> str:
@@ -163,15 +202,19 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
     made, found by their owner labels, so a create that applied the cluster and then
     failed still has it deleted. By default the task ends only once each RayCluster and
     its pods are gone, so a finished teardown means the slices are free; the log says
-    which pods are still terminating at least every 10 s. Returns ``{"cluster_name",
-    "cluster_names", "namespace", "deleted"}``.
+    which pods are still terminating at least every 10 s. A named RayCluster is deleted
+    only when this DAG run's create tasks made it: another run's cluster of the same literal
+    name (an overlapping run) is left alone with a warning naming its owner, unless
+    ``force``. Returns ``{"cluster_name", "cluster_names", "namespace", "deleted", "skipped"}``.
 
     :param cluster: the cluster reference (``create.output``), instead of ``cluster_name``.
     :param cluster_name: the RayCluster's name; default: found by owner (see above).
     :param namespace: the namespace; default: the reference's, else the connection's.
     :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
-    :param created_by: without a name, delete what these create task ids made; default: the
+    :param created_by: delete what these create task ids made; default: the
         :class:`CreateRayClusterOperator` tasks upstream of this one, else every task of the run.
+    :param force: delete the named RayCluster whoever made it (a cluster made by another DAG
+        or outside Airflow, when this task is meant to end it).
     :param wait_for_deletion: wait until the RayCluster and its pods are gone (default ``True``).
     :param deletion_timeout: seconds to wait for that.
     :param poll_interval: seconds between checks while waiting.
@@ -210,10 +253,13 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
 
 
 class DeleteExpiredRayClustersOperator(ClusterTaskMixin, BaseOperator):
-    """Delete RayClusters this provider made whose expiry has passed.
+    """Delete RayClusters this provider made whose expiry has passed, unless they are still in use.
 
     The safety net for TPU hours: a DAG that dies before its teardown leaves a cluster
-    behind; schedule this hourly and it goes once its ``max_lifetime`` is over.
+    behind; schedule this hourly and it goes once its ``max_lifetime`` is over. A cluster
+    whose DAG run is still running or queued, or that still runs a Ray job, is left alone
+    (and logged); so is one whose expiry annotation is not a time. Returns the expired
+    clusters deleted (with ``dry_run``: that would be), as ``namespace/name``.
 
     :param namespace: where to look; default: the connection's namespace.
     :param all_namespaces: look in every namespace instead.
@@ -245,11 +291,43 @@ class DeleteExpiredRayClustersOperator(ClusterTaskMixin, BaseOperator):
             scope = None if self.all_namespaces else self.resolved_namespace()
             for cluster in self.backend.list_clusters(scope, f"{MANAGED_BY_LABEL}={MANAGED_BY}"):
                 metadata = cluster["metadata"]
+                where = f"{metadata['namespace']}/{metadata['name']}"
                 expiry = (metadata.get("annotations") or {}).get(EXPIRES_AT_ANNOTATION)
-                if not expiry or parse_expiry(expiry) > now:
+                try:
+                    if not expiry or parse_expiry(expiry) > now:
+                        continue
+                except ValueError:
+                    self.log.warning("RayCluster %s: its %s annotation %r is not a time (YYYY-MM-DDTHH:MM:SSZ); "
+                                     "skipped", where, EXPIRES_AT_ANNOTATION, expiry)
                     continue
-                expired.append(f"{metadata['namespace']}/{metadata['name']}")
-                self.log.info("RayCluster %s expired at %s%s", expired[-1], expiry, " (dry run)" if self.dry_run else "")
+                if (in_use := self.in_use(context, cluster)) is not None:
+                    self.log.info("RayCluster %s expired at %s but is not deleted: %s", where, expiry, in_use)
+                    continue
+                expired.append(where)
+                self.log.info("RayCluster %s expired at %s%s", where, expiry, " (dry run)" if self.dry_run else "")
                 if not self.dry_run:
                     self.backend.delete_cluster(metadata["name"], metadata["namespace"])
         return expired
+
+    def in_use(self, context: Context, cluster: dict[str, Any]) -> str | None:
+        """Why an expired cluster must stay (its DAG run goes on, or a Ray job runs on it), or ``None``."""
+        metadata = cluster["metadata"]
+        notes = metadata.get("annotations") or {}
+        if DAG_ID_KEY in notes and RUN_ID_KEY in notes:
+            try:
+                found = context["ti"].get_dagrun_state(notes[DAG_ID_KEY], notes[RUN_ID_KEY])
+                state = str(getattr(found, "value", found))  # the Task SDK's DagRunState enum
+            except Exception as exc:  # the run was deleted: nobody waits for the cluster
+                self.log.debug("No DAG run %s/%s: %s", notes[DAG_ID_KEY], notes[RUN_ID_KEY], exc)
+            else:
+                if state in ("running", "queued"):
+                    return f"its DAG run {notes[DAG_ID_KEY]} / {notes[RUN_ID_KEY]} is {state}"
+        jobs = RayJobsHook(metadata["name"], metadata["namespace"], self.conn_id, cluster_hook=self.hook,
+                           unreachable_grace_period=JOB_CHECK_GRACE_SECONDS)
+        try:
+            running = [job.submission_id or job.job_id for job in jobs.client.list_jobs() if str(job.status) in ACTIVE]
+        except Exception as exc:  # no dashboard answers: no job runs there
+            self.log.info("RayCluster %s/%s: its Ray jobs could not be listed (%s)", metadata["namespace"],
+                          metadata["name"], exc)
+            return None
+        return f"Ray job(s) {', '.join(running)} still running on it" if running else None

@@ -15,6 +15,7 @@ from airflow_provider_raytpu.manifests.raycluster import tpu_slice_of
 from airflow_provider_raytpu.manifests.rayservice import (
     UPDATE_ANNOTATION,
     build_ray_service,
+    check_upgrade_strategy,
     parse_version,
     rolled_back_by,
     rolled_back_service,
@@ -22,24 +23,35 @@ from airflow_provider_raytpu.manifests.rayservice import (
     version_history,
 )
 from airflow_provider_raytpu.manifests.serveconfig import ServeApplication
-from airflow_provider_raytpu.operators.base import CONN_KEY, ServiceTaskMixin, fail_fast, origin_of
+from airflow_provider_raytpu.operators.base import (
+    CONN_KEY,
+    ServiceTaskMixin,
+    check_literal,
+    fail_fast,
+    map_index_of,
+    origin_of,
+)
 from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
 from airflow_provider_raytpu.operators.links import ServeApplicationLink, ServeEndpointLink, push_service_links
-from airflow_provider_raytpu.operators.raycluster import SLICE_FIELDS, check_literal_slice
+from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice, check_offered
 from airflow_provider_raytpu.progress import progress
-from airflow_provider_raytpu.tpu import TpuSlice, parse_bool
+from airflow_provider_raytpu.tpu import TpuSlice
+from airflow_provider_raytpu.values import parse_bool
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
 def default_service_name(context: Context) -> str:
-    """One RayService per DAG and deploy task: it outlives runs, which promote new versions to it.
+    """One RayService per DAG and deploy task (and map index): it outlives runs, which promote new versions to it.
 
-    The DAG and task ids, and a hash of both (so ``etl_daily`` and ``etl.daily`` differ).
+    The DAG and task ids, and a hash of both (so ``etl_daily`` and ``etl.daily`` differ) and,
+    for a mapped task, of its map index (each map index serves its own applications).
     """
     ti = context["ti"]
-    return owned_name(f"{ti.dag_id}-{ti.task_id}", (ti.dag_id, ti.task_id), "service_name", RAY_SERVICE_NAME_LIMIT)
+    map_index = map_index_of(context)
+    identity = (ti.dag_id, ti.task_id) if map_index < 0 else (ti.dag_id, ti.task_id, map_index)
+    return owned_name(f"{ti.dag_id}-{ti.task_id}", identity, "service_name", RAY_SERVICE_NAME_LIMIT)
 
 
 def previous_version(history: Sequence[str], version: str) -> str | None:
@@ -93,7 +105,8 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
     :param spot: use spot (preemptible) TPU capacity.
     :param chips_per_host: chips per host where the generation offers a choice.
     :param service_name: the RayService's name (at most 47 characters); default: the DAG and
-        task ids and a hash of both (one RayService per DAG and deploy task).
+        task ids and a hash of both and the map index (one RayService per DAG and deploy task, and
+        per map index of a mapped one).
     :param namespace: the namespace; default: the connection's.
     :param raytpu_conn_id: the ``raytpu`` connection; default: ``raytpu_default``.
     :param in_place: change only the Serve config (no new cluster).
@@ -146,7 +159,10 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         **kwargs: Any,
     ) -> None:
         options = take_cluster_options(cluster_options, kwargs)
-        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host)
+        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host, raytpu_conn_id=raytpu_conn_id)
+        check_literal(options, RayClusterOptions.from_value)
+        check_literal((upgrade_strategy, in_place), lambda given: check_upgrade_strategy(
+            given[0], parse_bool(given[1], "in_place")))
         super().__init__(**kwargs)
         self.applications = applications
         self.version = version
@@ -168,6 +184,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
             tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host)
+            check_offered(tpu, self.hook.settings.backend, self.log)
             options = RayClusterOptions.from_value(self.cluster_options)
             in_place = parse_bool(self.in_place, "in_place")
             name = resource_name(self.service_name or default_service_name(context), "service_name",
@@ -290,14 +307,17 @@ class DeleteRayServiceOperator(ServiceTaskMixin, DeleteOwnedOperator):
 
     Without ``service_name`` (and ``service``) it deletes the RayServices this DAG's deploy
     tasks made (a RayService belongs to its DAG and task, not to a run), found by their owner
-    labels. Returns ``{"service_name", "service_names", "namespace", "deleted"}``.
+    labels. A named RayService is deleted only when this DAG's deploy tasks made it; another
+    DAG's is left alone with a warning naming its owner, unless ``force``. Returns
+    ``{"service_name", "service_names", "namespace", "deleted", "skipped"}``.
 
     :param service: the service reference (``deploy.output``), instead of ``service_name``.
     :param service_name: the RayService's name; default: found by owner (see above).
     :param namespace: the namespace; default: the reference's, else the connection's.
     :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
-    :param created_by: without a name, delete what these deploy task ids made; default: the
+    :param created_by: delete what these deploy task ids made; default: the
         :class:`DeployRayServiceOperator` tasks upstream of this one, else every task of the DAG.
+    :param force: delete the named RayService whoever made it.
     :param wait_for_deletion: wait until the RayService object is gone.
     :param deletion_timeout: seconds to wait for that.
     :param poll_interval: seconds between checks while waiting.

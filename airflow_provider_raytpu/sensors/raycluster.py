@@ -38,6 +38,13 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
     ``timeout`` it fails with a diagnosis: which hosts are not ready and, where readable,
     the scheduler's reason for each pending pod. Returns the cluster's status.
 
+    With ``confirm_with_ray`` (the connection's ``confirm_with_ray``, on by default), ready pods
+    are not enough: Ray must list every TPU host with its chips, its slice's name and one
+    ``TPU-<pod type>-head`` per slice (what JaxTrainer reserves a slice by). Until it does, the
+    progress line says what Ray lacks, and after ``grace_period`` the task fails naming the
+    hosts. On Kubernetes, TPU pods that GKE's TPU webhook did not mutate (no ``TPU_WORKER_ID``;
+    no ``TPU_WORKER_HOSTNAMES`` in a multi-host slice) fail it at once, with how to fix it.
+
     :param cluster: the cluster reference (``create.output``), instead of ``cluster_name``.
     :param cluster_name: the RayCluster's name.
     :param namespace: the namespace; default: the reference's, else the connection's.
@@ -47,7 +54,10 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
     :param poke_interval: seconds between checks when not deferred, or when watching fails.
     :param poll_interval: another name for ``poke_interval``.
     :param timeout: seconds to wait before failing with a diagnosis.
-    :param grace_period: seconds a KubeRay reconcile failure may last before the task fails.
+    :param grace_period: seconds a KubeRay reconcile failure, or ready pods whose TPU hosts Ray does not
+        list, may last before the task fails.
+    :param confirm_with_ray: whether Ray must confirm the TPU hosts (above); default: the connection's
+        ``confirm_with_ray``. Off for a cluster whose image serves no Ray dashboard State API.
     """
 
     template_fields: Sequence[str] = ("cluster", "cluster_name", "namespace", "raytpu_conn_id")
@@ -66,6 +76,7 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
         poll_interval: float | None = None,
         timeout: float = 3600.0,
         grace_period: float = DEFAULT_GRACE_PERIOD,
+        confirm_with_ray: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=sensor_poke_interval(poke_interval, poll_interval), timeout=timeout, **kwargs)
@@ -75,6 +86,7 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
         self.raytpu_conn_id = raytpu_conn_id
         self.deferrable = default_deferrable() if deferrable is None else deferrable
         self.grace_period = grace_period
+        self.confirm_with_ray = confirm_with_ray
 
     def _target(self) -> tuple[str, str]:
         with fail_fast():
@@ -93,7 +105,7 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
     def poke(self, context: Context) -> PokeReturnValue:
         name, namespace = self._target()
         with fail_fast():
-            status = self.backend.cluster_status(name, namespace)
+            status = self.backend.cluster_status(name, namespace, confirm_with_ray=self.confirms_with_ray)
         status = self._grace.judge(status, time.time())
         done = self._finish(status, name, namespace)
         if done is None:
@@ -112,7 +124,8 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
             try:
                 return super().execute(context)
             except AirflowSensorTimeout:
-                raise AirflowSensorTimeout(self._timed_out(name, namespace, self.backend.diagnose(name, namespace)))
+                diagnosis = self.backend.diagnose(name, namespace, confirm_with_ray=self.confirms_with_ray)
+                raise AirflowSensorTimeout(self._timed_out(name, namespace, diagnosis))
         first = self.poke(context)
         if first.is_done:
             return first.xcom_value
@@ -125,6 +138,7 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
                 deadline=time.time() + self.timeout,
                 poll_interval=self.poke_interval,
                 grace_period=self.grace_period,
+                confirm_with_ray=self.confirms_with_ray,
             ),
             method_name="execute_complete",
             # The trigger fires its own timeout with a diagnosis first; this is only a backstop.
@@ -141,6 +155,8 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
             raise AirflowSensorTimeout(self._timed_out(name, namespace, event["diagnosis"]))
         if event["status"] == "ERROR":
             raise AirflowFailException(event["message"])
+        if event["status"] == "UNREACHABLE":  # not the sensor's timeout: a retry may find the API back
+            raise AirflowException(event["message"])
         done = self._finish(ClusterStatus.from_dict(event["cluster"]), name, namespace)
         if done is None:
             raise AirflowException(f"Unexpected event for RayCluster {namespace}/{name}: {event}")

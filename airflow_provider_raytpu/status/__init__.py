@@ -3,6 +3,8 @@
 - :mod:`.cluster`: a RayCluster's phase, read from the object and its pods.
 - :mod:`.service`: a RayService's phase for one model version.
 - :mod:`.diagnosis`: the text that explains a cluster or service that is not there yet.
+- :mod:`.ray_nodes`: whether Ray's node list lets it reserve every TPU slice the pods promise.
+- :mod:`.tpu_webhook`: whether GKE's TPU webhook gave the TPU pods their slice identity.
 
 Every name is importable from ``airflow_provider_raytpu.status`` as well.
 """
@@ -10,7 +12,9 @@ Every name is importable from ``airflow_provider_raytpu.status`` as well.
 from airflow_provider_raytpu.status.cluster import (
     HOST_INDEX_LABEL,
     NODE_TYPE_LABEL,
+    RAY_UNCONFIRMED,
     REPLICA_INDEX_LABEL,
+    TPU_WEBHOOK_MISSING,
     ClusterStatus,
     Phase,
     ReconcileFailureGrace,
@@ -45,7 +49,9 @@ __all__ = [
     "HOST_INDEX_LABEL",
     "MODEL_VERSION_KEY",
     "NODE_TYPE_LABEL",
+    "RAY_UNCONFIRMED",
     "REPLICA_INDEX_LABEL",
+    "TPU_WEBHOOK_MISSING",
     "UPDATE_KEY",
     "ApplicationState",
     "ClusterStatus",

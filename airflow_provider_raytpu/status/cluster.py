@@ -27,6 +27,10 @@ from airflow_provider_raytpu.status.plain import plain
 REPLICA_INDEX_LABEL = "ray.io/worker-group-replica-index"
 HOST_INDEX_LABEL = "ray.io/replica-host-index"
 NODE_TYPE_LABEL = "ray.io/node-type"
+#: The reason of a cluster whose pods are ready but whose TPU hosts Ray does not list as reservable slices yet.
+RAY_UNCONFIRMED = "RayHostsUnconfirmed"
+#: The reason of a cluster whose TPU pods GKE's TPU webhook did not mutate.
+TPU_WEBHOOK_MISSING = "TpuWebhookMissing"
 
 
 class Phase(str, Enum):
@@ -67,6 +71,8 @@ class ClusterStatus:
     :param slices: per-slice readiness, when pods were read.
     :param failing_since: when the reconcile failure began (the condition's
         ``lastTransitionTime``, RFC 3339), when KubeRay says.
+    :param ray_hosts: TPU hosts Ray lists with their chips and slice, when Ray was asked
+        (``confirm_with_ray``); ``None`` when it was not.
     """
 
     phase: Phase
@@ -77,6 +83,7 @@ class ClusterStatus:
     reason: str = ""
     slices: tuple[SliceStatus, ...] = field(default=())
     failing_since: str = ""
+    ray_hosts: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -85,7 +92,8 @@ class ClusterStatus:
 
     @property
     def reconcile_failing(self) -> bool:
-        """Whether KubeRay reports a reconcile failure while the cluster is still PROVISIONING."""
+        """Whether the cluster is PROVISIONING with a reason that may not last: a KubeRay reconcile failure,
+        or TPU hosts Ray does not list yet."""
         return self.phase is Phase.PROVISIONING and bool(self.reason)
 
     def to_dict(self) -> dict[str, Any]:
@@ -164,7 +172,8 @@ def read_ray_cluster(cluster: Mapping[str, Any] | None, pods: Iterable[Mapping[s
 
 
 class ReconcileFailureGrace:
-    """Decides when a KubeRay reconcile failure (``ReplicaFailure``) has lasted too long to wait on.
+    """Decides when a KubeRay reconcile failure (``ReplicaFailure``), or ready pods whose TPU hosts Ray does not
+    list (:data:`RAY_UNCONFIRMED`), have lasted too long to wait on.
 
     A failure is transient until it holds for ``grace`` seconds since it began (KubeRay's
     ``lastTransitionTime``, else when this waiter first saw it); then the status is FAILED.
@@ -195,10 +204,12 @@ class ReconcileFailureGrace:
         since = self.since(status, now)
         if since is None or now - since < self.grace:
             return status
+        unlisted = status.reason == RAY_UNCONFIRMED
+        what = "Ray has not listed its TPU hosts" if unlisted else "KubeRay could not reconcile it"
         return dataclasses.replace(
             status, phase=Phase.FAILED,
-            message=f"KubeRay could not reconcile it for {now - since:.0f} s, longer than the grace period of "
-                    f"{self.grace:.0f} s: {status.message}",
+            message=f"{what} for {now - since:.0f} s, longer than the grace period of {self.grace:.0f} s: "
+                    f"{status.message}",
         )
 
     def seconds_left(self, status: ClusterStatus, now: float) -> float | None:
@@ -215,6 +226,10 @@ def _hosts_message(ready: int, want: int, slices: tuple[SliceStatus, ...]) -> st
 
 
 def pod_is_ready(pod: Mapping[str, Any]) -> bool:
+    """Running and Ready, and not being deleted: a terminating pod (KubeRay deleting a slice to make it again)
+    stays Ready until its containers stop, but is no host of the slice any more."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
     status = pod.get("status") or {}
     return status.get("phase") == "Running" and is_true(conditions(status).get("Ready"))
 

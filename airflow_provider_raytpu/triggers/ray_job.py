@@ -9,12 +9,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-from airflow_provider_raytpu.hooks.job_log import JobLogFollower
+from airflow_provider_raytpu.hooks.job_log import JobLogFollower, job_message, mask_secret_arguments
+from airflow_provider_raytpu.hooks.outage import DEFAULT_UNREACHABLE_GRACE, Outage
 from airflow_provider_raytpu.hooks.ray_jobs import TERMINAL, RayJobsHook
 from airflow_provider_raytpu.progress import Heartbeat
 from airflow_provider_raytpu.workloads.result import RESULT_PREFIX, last_result
 
-TRANSIENT_FAILURES_ALLOWED = 10
+#: Seconds a reachable dashboard may not list the job before the trigger gives up (a restarted head
+#: forgets its jobs; the task's retry submits again).
+UNLISTED_GRACE = 60.0
 #: How long a job's log may take to arrive in full once the job has ended.
 DRAIN_SECONDS = 30.0
 #: How often, at most, the position in the log is saved while lines are written (lines that
@@ -36,10 +39,16 @@ class RayJobTrigger(BaseTrigger):
     trigger on that cluster; its log from Ray's streaming log tail
     (:class:`~airflow_provider_raytpu.hooks.log_tail.LogTail`). How much of the log was written
     is saved in the task's XCom ``raytpu_job_log_offset`` before the lines up to it are written
-    (at most every 5 s: lines that arrive sooner wait), so a trigger that a restarted triggerer
-    runs again goes on from there and writes each line once. The event carries the job's
+    (at most every 5 s: lines that arrive sooner wait), and confirmed once they were, so a trigger
+    that a restarted triggerer runs again goes on from there and writes each line once. Lines whose
+    write a killed triggerer may not have finished (saved, not confirmed) are written again, marked
+    ``[ray job, again]``: they may repeat, never go missing. The event carries the job's
     result, and a job that did not succeed its last 50 lines, so the task need not download
     the log.
+
+    While the cluster's dashboard (or the API server proxying it) is unreachable, the job is
+    followed on for ``unreachable_grace_period`` seconds, with a line at least every 10 s saying what
+    is unreachable; after that the trigger fires ``ERROR`` and the task decides (it may retry).
 
     Killing the task (mark failed, clear) stops the Ray job through :meth:`on_kill`.
 
@@ -49,10 +58,12 @@ class RayJobTrigger(BaseTrigger):
     :param raytpu_conn_id: the ``raytpu`` connection.
     :param poll_interval: seconds between reads of the job's status.
     :param logged_chars: how much of the job's log the task has already written.
+    :param unreachable_grace_period: seconds the job's status may be unreadable before the trigger gives up.
     """
 
     def __init__(self, submission_id: str, cluster_name: str, namespace: str, raytpu_conn_id: str,
-                 poll_interval: float = 2.0, logged_chars: int = 0) -> None:
+                 poll_interval: float = 2.0, logged_chars: int = 0,
+                 unreachable_grace_period: float = DEFAULT_UNREACHABLE_GRACE) -> None:
         super().__init__()
         self.submission_id = submission_id
         self.cluster_name = cluster_name
@@ -60,13 +71,16 @@ class RayJobTrigger(BaseTrigger):
         self.raytpu_conn_id = raytpu_conn_id
         self.poll_interval = poll_interval
         self.logged_chars = logged_chars
+        self.unreachable_grace_period = unreachable_grace_period
         self._unwritten = ""
         self._tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._result_line: str | None = None
         self._shown = JobLogFollower()
         self._heartbeat = Heartbeat()
         self._saved_at = -OFFSET_SAVE_SECONDS
+        self._again_until = 0
         self._failed_saves = 0
+        self._failed_read: tuple[str, object] = ("", "")
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -78,6 +92,7 @@ class RayJobTrigger(BaseTrigger):
                 "raytpu_conn_id": self.raytpu_conn_id,
                 "poll_interval": self.poll_interval,
                 "logged_chars": self.logged_chars,
+                "unreachable_grace_period": self.unreachable_grace_period,
             },
         )
 
@@ -104,7 +119,10 @@ class RayJobTrigger(BaseTrigger):
 
     async def _follow(self, hook: RayJobsHook) -> dict[str, Any]:
         wake = asyncio.Event()
-        failures = reads = 0
+        reads = 0
+        unreachable = Outage(self.unreachable_grace_period)
+        unlisted = Outage(min(self.unreachable_grace_period, UNLISTED_GRACE))
+        where = f"the dashboard of RayCluster {self.namespace}/{self.cluster_name}"
         board = await hook.ajob_board()
         async with board.follow(self.submission_id, self.poll_interval, wake) as job, \
                 hook.log_tail(self.submission_id, self.logged_chars, wake, self.poll_interval) as tail:
@@ -115,9 +133,7 @@ class RayJobTrigger(BaseTrigger):
                 except TimeoutError:  # quiet, or lines held back until the next save
                     await self._pass_on("")
                     if heartbeat.due():
-                        status = job.job["status"] if job.job is not None else "status not read yet"
-                        self.log.info("Waiting for Ray job %s: %s, no new output (%.0f s)", self.submission_id,
-                                      status, heartbeat.elapsed)
+                        self.log.info("%s", self._quiet_line(job.job, unreachable, unlisted))
                     continue
                 wake.clear()
                 await self._pass_on(tail.take())
@@ -125,19 +141,44 @@ class RayJobTrigger(BaseTrigger):
                     continue
                 reads = job.reads
                 if job.error is not None or job.job is None:
-                    failures += 1
-                    problem = job.error or f"the cluster's dashboard does not list job {self.submission_id}"
-                    if failures > TRANSIENT_FAILURES_ALLOWED:
-                        return self._event("ERROR", f"Ray job {self.submission_id} unreachable: {problem}")
-                    self.log.warning("Reading Ray job %s failed (%s); retry %d", self.submission_id, problem, failures)
+                    # Unreachable (an error) for up to the grace; reachable without the job, briefly
+                    # (a restarted head forgets its jobs: the task's retry submits again).
+                    outage, what = (unreachable, f"{where} unreachable") if job.error is not None else (
+                        unlisted, f"{where} without the job")
+                    problem = job.error or f"GET /api/jobs/ does not list {self.submission_id}"
+                    if (gave_up := self._read_failed(outage, what, problem)) is not None:
+                        return gave_up
                     continue
-                failures = 0
+                unlisted.recovered()
+                if (lasted := unreachable.recovered()) is not None:
+                    self.log.info("Ray job %s: %s answers again after %.0f s", self.submission_id, where, lasted)
                 if job.job["status"] not in TERMINAL:
                     tail.job_running()
                 else:
                     await tail.drain(DRAIN_SECONDS)
                     await self._pass_on(tail.take(), final=True)
-                    return self._event(job.job["status"], job.job.get("message") or "")
+                    return self._event(job.job["status"], job_message(job.job.get("message")))
+
+    def _read_failed(self, outage: Outage, what: str, problem: object) -> dict[str, Any] | None:
+        """One more failed read of the job's status: the ``ERROR`` event once ``outage`` is over its grace,
+        else ``None`` after a warning (the first) or a progress line (at least every 8 s)."""
+        outage.failed()
+        if outage.over_grace:
+            return self._event("ERROR", f"Ray job {self.submission_id}: {outage.given_up(what, problem)}")
+        self._failed_read = (what, problem)
+        if outage.failures == 1:
+            self._heartbeat.quiet()
+            self.log.warning("Ray job %s: %s", self.submission_id, outage.describe(what, problem))
+        elif self._heartbeat.due():
+            self.log.info("%s", self._quiet_line(None, outage))
+        return None
+
+    def _quiet_line(self, job: dict[str, Any] | None, *outages: Outage) -> str:
+        """What the log says while the job is quiet: the outage going on (what, for how long, why), or the job's status."""
+        if (outage := next((o for o in outages if o.since is not None), None)) is not None:
+            return f"Ray job {self.submission_id}: {outage.describe(*self._failed_read)}"
+        status = job["status"] if job is not None else "status not read yet"
+        return f"Waiting for Ray job {self.submission_id}: {status}, no new output ({self._heartbeat.elapsed:.0f} s)"
 
     async def _pass_on(self, text: str, *, final: bool = False) -> None:
         """Take ``text`` after what was read and not yet written; when a save is due (or the log is
@@ -152,7 +193,7 @@ class RayJobTrigger(BaseTrigger):
         chars = len(self._unwritten) - len(partial)
         if chars == 0:
             return
-        saving = asyncio.ensure_future(self._save_offset(self.logged_chars + chars))
+        saving = asyncio.ensure_future(self._save_offset(self.logged_chars + chars, confirmed=self.logged_chars))
         try:
             saved = await asyncio.shield(saving)
         except asyncio.CancelledError:
@@ -165,6 +206,11 @@ class RayJobTrigger(BaseTrigger):
             return  # held until the next save: a stopping triggerer's saves fail, its lines wait for the next
         self._unwritten = partial
         self._write(lines, chars)
+        if saved:
+            # The triggerer's supervisor serves its log and request sockets in one loop: lines sent before
+            # this request are in the log file once it is answered. A killed supervisor drops lines it had
+            # not read yet, so a save not confirmed this way marks its lines as perhaps unwritten.
+            await asyncio.shield(self._save_offset(self.logged_chars, confirmed=self.logged_chars))
 
     def _save_due_in(self) -> float:
         """Seconds until lines held back may be saved and written (0: now; inf: none held)."""
@@ -176,14 +222,19 @@ class RayJobTrigger(BaseTrigger):
 
     def _write(self, lines: list[str], chars: int) -> None:
         """Write ``lines``, the next ``chars`` characters of the job's log, to the task log."""
+        again, position = 0, self.logged_chars  # lines up to where an earlier trigger's unconfirmed write ended
+        while again < len(lines) and position < self._again_until:
+            position += len(lines[again]) + 1
+            again += 1
         for line in lines:
             line = line.rstrip("\r")
-            self._tail.append(line)
+            self._tail.append(mask_secret_arguments(line))
             if RESULT_PREFIX in line and last_result(line) is not None:
                 self._result_line = line
-        for line in self._shown.shown("\n".join(lines)):
-            self.log.info("[ray job] %s", line)
-            self._heartbeat.quiet()
+        for mark, part in (("[ray job, again]", lines[:again]), ("[ray job]", lines[again:])):
+            for line in self._shown.shown("\n".join(part)) if part else ():
+                self.log.info("%s %s", mark, line)
+                self._heartbeat.quiet()
         self.logged_chars += chars
 
     def _event(self, status: str, message: str) -> dict[str, Any]:
@@ -211,21 +262,29 @@ class RayJobTrigger(BaseTrigger):
         except Exception as exc:  # no position: the log is written from the offset the task deferred with
             self.log.warning("Could not read how much of Ray job %s's log was written: %s", self.submission_id, exc)
             return 0
-        if isinstance(saved, dict) and saved.get("submission_id") == self.submission_id:
+        if not (isinstance(saved, dict) and saved.get("submission_id") == self.submission_id):
+            return 0
+        logged, confirmed = int(saved["logged_chars"]), int(saved.get("confirmed_chars", saved["logged_chars"]))
+        if confirmed < logged:
+            self._again_until = logged
+            self.log.warning("The triggerer that followed Ray job %s stopped while writing the %d characters of its "
+                             "log after the first %d: they may be above already and are written again below, "
+                             'marked "[ray job, again]"', self.submission_id, logged - confirmed, confirmed)
+        else:
             self.log.info("Continuing Ray job %s's log after the %d characters already written",
-                          self.submission_id, saved["logged_chars"])
-            return int(saved["logged_chars"])
-        return 0
+                          self.submission_id, confirmed)
+        return confirmed
 
-    async def _save_offset(self, logged_chars: int) -> bool:
-        """Save that the task log has the job's log up to ``logged_chars``; whether it was saved."""
+    async def _save_offset(self, logged_chars: int, *, confirmed: int) -> bool:
+        """Save that the task log has the job's log up to ``logged_chars``, certainly up to ``confirmed``
+        (the lines between are being written); whether it was saved."""
         target = self._xcom_target()
         if target is None:
             return True
         from airflow.sdk.execution_time.xcom import XCom
 
         self._saved_at = time.monotonic()
-        value = {"submission_id": self.submission_id, "logged_chars": logged_chars}
+        value = {"submission_id": self.submission_id, "logged_chars": logged_chars, "confirmed_chars": confirmed}
         try:
             await asyncio.to_thread(XCom.set, LOG_OFFSET_KEY, value, **target)
         except Exception as exc:

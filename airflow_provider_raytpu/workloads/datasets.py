@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 
-from airflow_provider_raytpu.workloads.storage import Location, delete_prefix, move_tree, resolve
+from airflow_provider_raytpu.workloads.outputs import replace_output
+from airflow_provider_raytpu.workloads.storage import Location, resolve
 
 if TYPE_CHECKING:
     import ray.data
 
 FORMATS = ("parquet", "jsonl")
-TEMP_SUFFIX = ".raytpu-tmp"
 
 
 def detect_format(uri: str) -> str:
@@ -48,32 +48,20 @@ def read_dataset(uri: str, fmt: str | None = None, **read_args: Any) -> ray.data
     return ray.data.read_json(location.path, filesystem=location.filesystem, **read_args)
 
 
-def write_parquet_replacing(dataset: ray.data.Dataset, uri: str, **write_args: Any) -> Location:
+def write_parquet_replacing(dataset: ray.data.Dataset, uri: str, owner: str = "", **write_args: Any) -> Location:
     """Write ``dataset`` as parquet so that ``uri`` ends up holding exactly this output.
 
-    The files are written to a temporary sibling prefix (``<uri>.raytpu-tmp``) first;
-    only when every write task has finished is the old output deleted and the new
-    files moved into place. A retried or re-run job therefore replaces the output
-    instead of adding duplicate rows, and a job that dies while writing leaves the
-    previous output untouched; the next attempt clears the temporary prefix first.
-    The temporary name is fixed, not random, so a retry finds what a crashed attempt
-    left (pyarrow cannot list GCS "directories" non-recursively to search for it).
-    Two jobs must not write the same output at once - the deterministic job
-    submission id already ensures that.
+    A retried or re-run job replaces the output its task wrote before instead of adding
+    duplicate rows; a prefix holding anything else is refused, and a job that dies while
+    writing or swapping never leaves less than one complete output
+    (:func:`~airflow_provider_raytpu.workloads.outputs.replace_output`). Two jobs must not
+    write the same output at once - the deterministic job submission id already ensures that.
 
     :param dataset: the dataset to write.
     :param uri: the output directory / prefix (not a whole bucket).
+    :param owner: the task writing it; only an earlier output of the same owner is replaced.
     :param write_args: passed on to ``Dataset.write_parquet``.
+    :raises OutputNotOwnedError: the prefix holds files this task did not write.
     """
-    target = resolve(uri)
-    temporary = target.sibling(target.name + TEMP_SUFFIX)
-    delete_prefix(temporary.uri)  # whatever a crashed attempt left
-    dataset.write_parquet(temporary.path, filesystem=target.filesystem, **write_args)
-    delete_prefix(target.uri)
-    if target.filesystem.get_file_info(temporary.path).type == pafs.FileType.NotFound:
-        # An empty dataset writes no files; publish an empty directory.
-        target.filesystem.create_dir(target.path)
-        return target
-    move_tree(temporary, target)
-    delete_prefix(temporary.uri)
-    return target
+    return replace_output(uri, owner,
+                          lambda at: dataset.write_parquet(at.path, filesystem=at.filesystem, **write_args))

@@ -13,8 +13,10 @@ The transform is ``"package.module:name"``:
   as a pool of ``--concurrency`` actors, each with its own resources, e.g. one TPU host
   per actor with ``--num-tpus-per-actor 4``.
 
-Re-running for the same output URI replaces the output (see
-:func:`~airflow_provider_raytpu.workloads.datasets.write_parquet_replacing`). The job
+Re-running for the same output URI replaces the output its task (``--owner``) wrote there,
+and refuses a prefix holding anything else (see
+:func:`~airflow_provider_raytpu.workloads.outputs.replace_output`); an output that overlaps
+the input (the same prefix, or one inside the other) is refused before anything is read. The job
 prints ``RAYTPU_RESULT {"rows_in", "rows_out", "output_uri", "seconds", "rows_per_second"}``.
 """
 
@@ -32,8 +34,10 @@ from typing import Any
 
 from airflow_provider_raytpu.workloads.datasets import FORMATS, read_dataset, write_parquet_replacing
 from airflow_provider_raytpu.workloads.loading import load_object
+from airflow_provider_raytpu.workloads.outputs import OutputNotOwnedError
 from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, report_result
 from airflow_provider_raytpu.workloads.session import connect
+from airflow_provider_raytpu.workloads.uris import APART_FIX, OutputOverlapError, output_overlap
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class PreprocessSpec:
         call of a function.
     :param batch_format: the batch type the transform receives: ``numpy`` (dict of
         arrays), ``pandas`` or ``pyarrow``.
+    :param owner: the task writing the output (only its own earlier output is replaced).
     """
 
     input_uri: str
@@ -66,6 +71,16 @@ class PreprocessSpec:
     resources: dict[str, float] = field(default_factory=dict)
     transform_kwargs: dict[str, Any] = field(default_factory=dict)
     batch_format: str = "numpy"
+    owner: str = ""
+
+
+def check_output_apart(input_uri: str, output_uri: str) -> None:
+    """Refuse an output that overlaps the input: replacing it would delete the input.
+
+    :raises OutputOverlapError: naming both URIs and how they overlap.
+    """
+    if problem := output_overlap(input_uri, output_uri):
+        raise OutputOverlapError(f"the output {output_uri!r} {problem}. {APART_FIX}")
 
 
 def _remote_args(spec: PreprocessSpec) -> dict[str, Any]:
@@ -113,12 +128,13 @@ def run_preprocess(spec: PreprocessSpec) -> dict[str, Any]:
 
     :param spec: the job description.
     """
+    check_output_apart(spec.input_uri, spec.output_uri)
     started = time.monotonic()
     connected = connect()
     try:
         source = read_dataset(spec.input_uri, spec.input_format)
         rows_in = source.count()
-        target = write_parquet_replacing(transform_dataset(source, spec), spec.output_uri)
+        target = write_parquet_replacing(transform_dataset(source, spec), spec.output_uri, spec.owner)
         rows_out = read_dataset(target.uri, "parquet").count() if rows_in else 0
     finally:
         if connected:
@@ -158,6 +174,7 @@ def parse_args(argv: Sequence[str] | None = None) -> PreprocessSpec:
     parser.add_argument("--resources", type=_json_object, default={}, help='JSON, e.g. {"TPU": 4}')
     parser.add_argument("--transform-kwargs", type=_json_object, default={})
     parser.add_argument("--batch-format", choices=("numpy", "pandas", "pyarrow"), default="numpy")
+    parser.add_argument("--owner", default="", help="the task writing the output (its earlier output is replaced)")
     args = parser.parse_args(argv)
     return PreprocessSpec(
         input_uri=args.input,
@@ -170,6 +187,7 @@ def parse_args(argv: Sequence[str] | None = None) -> PreprocessSpec:
         resources=args.resources,
         transform_kwargs=args.transform_kwargs,
         batch_format=args.batch_format,
+        owner=args.owner,
     )
 
 
@@ -203,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = parse_args(argv)
     try:
         result = run_preprocess(spec)
-    except (ImportError, FileNotFoundError, TypeError) as error:
+    except (ImportError, FileNotFoundError, TypeError, OutputOverlapError, OutputNotOwnedError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as error:

@@ -224,25 +224,3 @@ def delete_prefix(uri: str) -> None:
         fs.delete_dir(location.path)
     except (FileNotFoundError, OSError):
         pass  # GCS "directories" vanish with their last object
-
-
-def move_tree(source: Location, target: Location) -> None:
-    """Move every file under ``source`` to the same relative path under ``target``.
-
-    A local directory is renamed in one step; on object stores each object is moved
-    (server-side copy, then delete), since GCS has no directory rename.
-
-    :param source: an existing directory location.
-    :param target: where the files go; must not exist yet (on a local filesystem).
-    """
-    fs = source.filesystem
-    if isinstance(fs, pafs.LocalFileSystem):
-        os.makedirs(os.path.dirname(target.path), exist_ok=True)
-        fs.move(source.path, target.path)
-        return
-    selector = pafs.FileSelector(source.path, recursive=True)
-    for info in fs.get_file_info(selector):
-        if info.type != pafs.FileType.File:
-            continue
-        relative = posixpath.relpath(info.path, source.path)
-        fs.move(info.path, posixpath.join(target.path, relative))

@@ -146,7 +146,11 @@ def run_user_loop(import_path: str, config: dict[str, Any]) -> Any:
 
 
 def scaling_config(tpu: TpuSlice) -> Any:
-    """Ray Train's ScalingConfig for whole slices of ``tpu``'s shape: one worker per host.
+    """Ray Train's ScalingConfig for whole slices of ``tpu``'s shape: one worker per host, holding its chips.
+
+    The per-host chips are given, not left to Ray: ``get_tpu_worker_resources`` (ray/util/tpu.py) assumes
+    one 8-chip host for a v5e/v6e 2x4, so on two 4-chip hosts (``chips_per_host=4``, GKE's two
+    ct6e-standard-4t) it would ask for workers of 8 chips that no host has.
 
     :param tpu: the slice shape.
     """
@@ -157,6 +161,7 @@ def scaling_config(tpu: TpuSlice) -> Any:
         topology=tpu.topology,
         accelerator_type=tpu.ray_accelerator_type,
         num_workers=tpu.hosts_per_slice * tpu.num_slices,
+        resources_per_worker={"CPU": 1, "TPU": float(tpu.host_chips)},
     )
 
 

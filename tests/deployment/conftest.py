@@ -23,7 +23,7 @@ from tests.gcs import GcsStorage, fake_gcs  # noqa: F401  (fake_gcs is a fixture
 
 HERE = Path(__file__).resolve().parent
 EXPECTED_DAGS = {"tpu_cluster_lifecycle", "nightly_finetune", "nightly_embeddings", "tpu_model_serving",
-                 "raytpu_jobs", "raytpu_training", "etl_daily", "etl.daily"}
+                 "raytpu_jobs", "raytpu_training", "raytpu_soak", "etl_daily", "etl.daily"}
 
 
 def local_connection(deployment: AirflowDeployment, conn_id: str = "raytpu_default") -> dict[str, str]:
@@ -78,3 +78,13 @@ def _clean_up_ray(airflow: AirflowDeployment) -> list[str]:
         with contextlib.suppress(Exception):
             backend.delete_cluster(cluster["metadata"]["name"], cluster["metadata"]["namespace"])
     return airflow.kill_strays()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the fault soak's record (scenarios, faults injected, invariants held) the soak attached."""
+    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        for name, value in getattr(report, "user_properties", []):
+            if name == "fault_soak" and getattr(report, "when", "") == "call":
+                terminalreporter.write_sep("-", "fault soak")
+                for scenario in value:
+                    terminalreporter.write_line(json.dumps(scenario))

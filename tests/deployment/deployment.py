@@ -220,13 +220,16 @@ class AirflowDeployment:
                       120, check=self.check_alive)
 
     def kill_strays(self, grace: float = 10.0) -> list[str]:
-        """Kill every process still carrying this deployment's home in its environment; describe each."""
+        """Kill every process still carrying this deployment's Airflow home, or its local backend's home (a
+        local cluster's processes get no Airflow variables), in its environment; describe each."""
         import psutil
 
         strays = []
         for process in all_processes():
             with contextlib.suppress(psutil.Error):
-                if process.environ().get("AIRFLOW_HOME") == str(self.home):
+                environ = process.environ()
+                if environ.get("AIRFLOW_HOME") == str(self.home) or environ.get("RAYTPU_HOME") == str(
+                        self.raytpu_home):
                     strays.append(process)
         described = []
         for process in strays:

@@ -86,6 +86,12 @@ class AirflowApi:
                           params={"deserialize": True})
         return entry["value"]
 
+    def xcoms(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
+        """Every XCom of a task instance as the UI's XCom tab lists them: key -> value."""
+        path = f"{self._run_path(dag_id, run_id)}/taskInstances/{task_id}/xcomEntries"
+        keys = [entry["key"] for entry in self.call("GET", path)["xcom_entries"]]
+        return {key: self.xcom(dag_id, run_id, task_id, key) for key in keys}
+
     def log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> list[str]:
         """The task's log as the UI shows it: one string per record (the message, then any extra fields)."""
         body = self.call("GET", f"{self._run_path(dag_id, run_id)}/taskInstances/{task_id}/logs/{try_number}",

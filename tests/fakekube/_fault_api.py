@@ -50,6 +50,11 @@ class FaultApi:
         without the answer: a create that landed although its client saw it fail."""
         self._faults.lose_answers(method, path_regex, times)
 
+    def stall(self, method: str | None, path_regex: str, seconds: float, times: int | None = 1) -> None:
+        """Answer the next ``times`` matching requests normally, but only after ``seconds`` (a client
+        whose request timeout is shorter sees a timeout)."""
+        self._faults.stall(method, path_regex, seconds, times)
+
     def clear_faults(self) -> None:
         """Disarm every fault, denial and latency."""
         self._faults.clear()

@@ -43,6 +43,7 @@ class Fault:
     reset: bool = False
     watch: bool | None = None
     lose_answer: bool = False
+    stall: float = 0.0
 
     def matches(self, method: str, path: str, watch: bool) -> bool:
         if self.times is not None and self.times <= 0:
@@ -92,6 +93,10 @@ class FaultInjector:
     def lose_answers(self, method: str | None, path_regex: str, times: int | None = 1) -> None:
         with self._lock:
             self._faults.append(Fault(method, re.compile(path_regex), None, times, lose_answer=True))
+
+    def stall(self, method: str | None, path_regex: str, seconds: float, times: int | None = 1) -> None:
+        with self._lock:
+            self._faults.append(Fault(method, re.compile(path_regex), None, times, stall=seconds))
 
     def deny(self, verb: str, resource: str, namespace: str | None = None, *, times: int | None = None) -> None:
         with self._lock:

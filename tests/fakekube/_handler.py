@@ -66,6 +66,9 @@ class ApiHandler:
         if self.faults.latency:
             await asyncio.sleep(self.faults.latency)
         fault = self.faults.take(method, path, watch)
+        if fault is not None and fault.stall:  # answered normally, late (a client's timeout may come first)
+            await asyncio.sleep(fault.stall)
+            fault = None
         if fault is not None and not fault.lose_answer:
             if fault.reset:
                 abort(request)

@@ -73,6 +73,20 @@ def pod_manifest(rc: dict, node_type: str, group: str, template: Mapping | None,
     }
 
 
+def add_tpu_webhook_env(pod: dict, slice_name: str, host: int, hosts: int) -> None:
+    """What GKE's TPU webhook adds to a TPU host pod at its creation (``TPU_WORKER_ID``, ``TPU_NAME``; in a
+    multi-host slice ``TPU_WORKER_HOSTNAMES``), to the containers that request ``google.com/tpu``; the
+    real control plane's tier runs a full stand-in of the webhook (tests/k8s/tpuwebhook.py)."""
+    for container in pod["spec"].get("containers") or []:
+        if not ((container.get("resources") or {}).get("limits") or {}).get("google.com/tpu"):
+            continue
+        env = container.setdefault("env", [])
+        env += [{"name": "TPU_WORKER_ID", "value": str(host)}, {"name": "TPU_NAME", "value": slice_name}]
+        if hosts > 1:
+            env.append({"name": "TPU_WORKER_HOSTNAMES",
+                        "value": ",".join(f"{slice_name}-{h}" for h in range(hosts))})
+
+
 def head_service_name(rc: dict) -> str:
     head = (rc.get("spec") or {}).get("headGroupSpec") or {}
     return ((head.get("headService") or {}).get("metadata") or {}).get("name") or f"{rc['metadata']['name']}-head-svc"

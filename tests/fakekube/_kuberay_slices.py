@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ._kuberay_modes import Mode
-from ._kuberay_objects import L_HOST_INDEX, L_REPLICA_INDEX, L_REPLICA_NAME, labels_of, pod_manifest, rand5
+from ._kuberay_objects import (
+    L_HOST_INDEX,
+    L_REPLICA_INDEX,
+    L_REPLICA_NAME,
+    add_tpu_webhook_env,
+    labels_of,
+    pod_manifest,
+    rand5,
+)
 from ._kuberay_status import desired_replicas, num_hosts
 from .server import FakeKubeApiServer
 
@@ -19,6 +27,7 @@ class SliceReconciler:
     """The reactor's ``_reconcile_group``: one worker group's slices."""
 
     server: FakeKubeApiServer
+    tpu_webhook: bool
 
     def _reconcile_group(self, rc: dict, group: Mapping, gpods: list[dict], mode: Mode):
         server, ns = self.server, rc["metadata"]["namespace"]
@@ -52,7 +61,10 @@ class SliceReconciler:
                     if hosts > 1:
                         extra[L_REPLICA_NAME] = replica_name
                         extra[L_HOST_INDEX] = str(host)
-                    server.create_object(pod_manifest(rc, "worker", gname, group.get("template"), extra))
+                    pod = pod_manifest(rc, "worker", gname, group.get("template"), extra)
+                    if self.tpu_webhook:
+                        add_tpu_webhook_env(pod, f"{gname}-{index}", host, hosts)
+                    server.create_object(pod)
         elif len(replicas) > desired:
             for key in sorted(replicas, key=lambda k: index_of[k], reverse=True)[: len(replicas) - desired]:
                 for pod in replicas[key]:

@@ -63,7 +63,7 @@ class ServiceProxy:
         with self._store.lock:
             service = self._store.get(route.res, route.namespace, svc)
         with self._lock:
-            target = self._targets.get((route.namespace, svc, port))
+            target = self._targets.get((route.namespace, svc, port)) or self._targets.get((route.namespace, "*", port))
         if service is None:
             raise ApiError.not_found(route.res, svc)
         if target is None:

@@ -80,6 +80,7 @@ class StateApi:
 
     def register_service_proxy(self, namespace: str, service: str, port: str | int, target_url: str) -> None:
         """Serve ``/api/v1/namespaces/<ns>/services/<service>:<port>/proxy/...`` by forwarding to
-        ``target_url`` (e.g. a local Ray dashboard). Without a registration the proxy answers 503
+        ``target_url`` (e.g. a local Ray dashboard); ``service="*"``: every Service of the namespace
+        without a registration of its own. Without a registration the proxy answers 503
         ``no endpoints available for service``, like a service without ready endpoints."""
         self._proxy.register(namespace, service, port, target_url)

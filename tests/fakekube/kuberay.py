@@ -68,11 +68,14 @@ class KubeRayReactor(PodLifecycle, SliceReconciler, StatusWriters):
     :param delete_delay: when > 0, RayClusters get the finalizer ``ray.io/fakekube-pod-termination``;
         a deleted RayCluster keeps existing (with deletionTimestamp, pods terminating) for this long.
     :param mode: the global mode ("auto", "hold", "unschedulable", "replica_failure" or a :class:`Mode`).
+    :param tpu_webhook: give TPU host pods the variables GKE's TPU webhook adds when they are created.
     """
 
     def __init__(self, server: FakeKubeApiServer, *, delay: float = 0.2, stagger: float = 0.02,
-                 delete_delay: float = 0.0, mode: str | Mode = "auto"):
+                 delete_delay: float = 0.0, mode: str | Mode = "auto", tpu_webhook: bool = False):
         self.server = server
+        #: Give TPU host pods what GKE's TPU webhook adds when they are created.
+        self.tpu_webhook = tpu_webhook
         self.delay = delay
         self.stagger = stagger
         self.delete_delay = delete_delay

@@ -6,6 +6,7 @@
 #   ${RAYTPU_K8S_CACHE:-$HOME/.cache/airflow-provider-raytpu/k8s}/<version-key>/bin/
 #       etcd  kube-apiserver  kube-scheduler  kube-controller-manager  kuberay-operator
 #   .../<version-key>/crds/ray.io_*.yaml   (copied from the ray-operator module)
+#   .../kuberay-samples-<version>/*.yaml   (KubeRay's TPU samples at that tag: --samples, no build)
 #
 # Idempotent: each component is built to a temporary name, moved into place
 # and only then given a marker (.done/<name>); a component without its marker
@@ -18,6 +19,7 @@
 # Usage: build_binaries.sh            build what is missing, print bin dir
 #        build_binaries.sh --check    print bin dir if complete, else exit 1
 #        build_binaries.sh --key      print the version key
+#        build_binaries.sh --samples  download KubeRay's TPU samples (no build), print their dir
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,7 +28,7 @@ GODIR="$HERE/go"
 # Versions are read from the go.mod files so there is one place to bump them.
 K8S_VERSION="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$GODIR/kubernetes/go.mod")"
 ETCD_VERSION="$(awk '$1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {print $3}' "$GODIR/etcd/go.mod")"
-KUBERAY_VERSION="v1.5.0"
+KUBERAY_VERSION="v1.6.2"
 KUBERAY_MODULE="github.com/ray-project/kuberay/ray-operator"
 
 # Never let the go command fetch another toolchain; build with the one here.
@@ -42,14 +44,37 @@ CACHE="${RAYTPU_K8S_CACHE:-$HOME/.cache/airflow-provider-raytpu/k8s}"
 DIR="$CACHE/$KEY"
 BIN="$DIR/bin"
 
+SAMPLES="$CACHE/kuberay-samples-$KUBERAY_VERSION"
+
+# samples: KubeRay's TPU samples at this tag, from its Go module (a download, nothing built), for the
+# manifest parity test (tests/unit/test_kuberay_samples.py).
+samples() {
+  [[ -f "$SAMPLES/.done" ]] && return 0
+  local moddir
+  moddir="$(GOFLAGS=-mod=mod go mod download -json "$KUBERAY_MODULE@$KUBERAY_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -d "$moddir/config/samples" ]] || { echo "no samples under $moddir" >&2; return 1; }
+  mkdir -p "$SAMPLES"
+  (cd "$moddir/config/samples" && cp -f ray-cluster.tpu-*.yaml ray-service.tpu-*.yaml \
+    vllm/ray-service.vllm-tpu-v6e-singlehost.yaml "$SAMPLES/")
+  chmod 0644 "$SAMPLES"/*.yaml
+  echo "$KUBERAY_MODULE@$KUBERAY_VERSION config/samples" >"$SAMPLES/SOURCE"
+  touch "$SAMPLES/.done"
+}
+
 case "${1:-}" in
   --key) echo "$KEY"; exit 0 ;;
+  --samples) samples && echo "$SAMPLES"; exit $? ;;
+  --samples-dir)
+    if [[ -f "$SAMPLES/.done" ]]; then echo "$SAMPLES"; exit 0; fi
+    echo "KubeRay's samples not downloaded: run tests/k8s/build_binaries.sh --samples" >&2
+    exit 1 ;;
   --check)
     if [[ -f "$DIR/.complete" ]]; then echo "$BIN"; exit 0; fi
     echo "control-plane binaries not built: run tests/k8s/build_binaries.sh (cache: $DIR)" >&2
     exit 1 ;;
   "") ;;
-  *) echo "usage: $0 [--check|--key]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--check|--key|--samples|--samples-dir]" >&2; exit 2 ;;
 esac
 
 if [[ -f "$DIR/.complete" ]]; then
@@ -89,6 +114,20 @@ run_timed() {
 
 done_marker() { [[ -f "$DIR/.done/$1" && -x "$BIN/$1" ]]; }
 
+# reuse NAME: take an etcd or Kubernetes binary already built for another KubeRay version with the
+# same Kubernetes, etcd, Go and inputs (a KubeRay bump then builds KubeRay alone).
+reuse() {
+  local name="$1" other
+  for other in "$CACHE"/k8s-"${K8S_VERSION}"_etcd-"${ETCD_VERSION}"_kuberay-*_"${GOVERSION}"_"${INPUT_HASH}"; do
+    [[ "$other" != "$DIR" && -f "$other/.done/$name" && -x "$other/bin/$name" ]] || continue
+    cp -f "$other/bin/$name" "$BIN/$name.tmp" && mv -f "$BIN/$name.tmp" "$BIN/$name"
+    touch "$DIR/.done/$name"
+    log "reused $name from $other"
+    return 0
+  done
+  return 1
+}
+
 # --- kube-apiserver, kube-scheduler, kube-controller-manager ----------------
 VERSION_PKG="k8s.io/component-base/version"
 CLIENT_VERSION_PKG="k8s.io/client-go/pkg/version"
@@ -102,6 +141,7 @@ done
 build_k8s() {
   local name="$1"
   done_marker "$name" && return 0
+  reuse "$name" && return 0
   rm -f "$DIR/.done/$name" "$BIN/$name.tmp"
   GOFLAGS="-mod=readonly -buildvcs=false" run_timed "$name" \
     go build -C "$GODIR/kubernetes" -trimpath -ldflags="$K8S_LDFLAGS" \
@@ -113,6 +153,7 @@ build_k8s() {
 # --- etcd -------------------------------------------------------------------
 build_etcd() {
   done_marker etcd && return 0
+  reuse etcd && return 0
   rm -f "$DIR/.done/etcd" "$BIN/etcd.tmp"
   GOFLAGS="-mod=readonly -buildvcs=false" run_timed etcd \
     go build -C "$GODIR/etcd" -trimpath -ldflags="-s -w" -o "$BIN/etcd.tmp" .

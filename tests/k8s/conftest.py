@@ -70,3 +70,13 @@ def module_node_pools(k8s_control_plane: ControlPlane) -> Iterator[NodePools]:
 def head_nodes(module_node_pools: NodePools, request: pytest.FixtureRequest) -> list[str]:
     """A CPU node for the Ray heads of one module (TPU nodes are tainted); removed after it."""
     return module_node_pools.add(f"heads-{_module_slug(request)}", cpu_nodes=1).nodes
+
+
+@pytest.fixture(scope="module")
+def networked_control_plane(k8s_control_plane: ControlPlane) -> ControlPlane:
+    """The control plane, when its pods can have networks of their own (else the module skips): the hosts
+    of one slice run their raylets side by side."""
+    if k8s_control_plane.pod_network is None:
+        pytest.skip(f"pods cannot get a network of their own ({k8s_control_plane.pod_network_problem}), so "
+                    "only one real Ray pod can run at a time: single-head mode (test_ray_head.py)")
+    return k8s_control_plane

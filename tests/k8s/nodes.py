@@ -15,6 +15,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from airflow_provider_raytpu.gke_tpu import HOST_MACHINES, MACHINE_TYPES, MachineType
+from airflow_provider_raytpu.tpu import GENERATIONS
 from tests.k8s.hostpods import LABEL_HOST_PROCESSES, host_address
 from tests.k8s.processes import ControlPlaneError
 
@@ -27,13 +29,11 @@ TPU_RESOURCE = "google.com/tpu"
 # Marks the nodes this harness owns (the virtual kubelet serves only these).
 LABEL_VIRTUAL = "raytpu.test/virtual-kubelet"
 
-# TPU accelerator label -> GKE machine type for 4-chip hosts (for realism only).
-_TPU_MACHINE_TYPES = {
-    "tpu-v6e-slice": "ct6e-standard-4t",
-    "tpu-v5-lite-podslice": "ct5lp-hightpu-4t",
-    "tpu-v5p-slice": "ct5p-hightpu-4t",
-    "tpu-v4-podslice": "ct4p-hightpu-4t",
-}
+
+def tpu_machine_type(accelerator_label: str, chips_per_node: int) -> MachineType:
+    """The GKE machine type of a TPU node: the provider's table of what GKE offers (its size is the node's)."""
+    generation = next(g.name for g in GENERATIONS.values() if g.gke_accelerator == accelerator_label)
+    return MACHINE_TYPES[HOST_MACHINES[generation][chips_per_node]]
 
 
 def _slice_hosts(topology: str, chips_per_node: int) -> int:
@@ -63,8 +63,8 @@ class GkeNodePools:
 
     def add(self, name: str, *, cpu_nodes: int | None = None, tpu: str | None = None,
             topology: str | None = None, num_nodes: int | None = None,
-            chips_per_node: int = 4, spot: bool = False, cpu: str = "8",
-            memory: str = "32Gi", pods: str = "110", labels: dict[str, str] | None = None,
+            chips_per_node: int = 4, spot: bool = False, cpu: str | None = None,
+            memory: str | None = None, pods: str = "110", labels: dict[str, str] | None = None,
             zone: str = "us-central2-b", wait_ready: bool = True,
             host_processes: bool = False, timeout: float = 30.0) -> list[str]:
         """Create Nodes that look like a GKE node pool; return their names.
@@ -107,11 +107,13 @@ class GkeNodePools:
             **(labels or {}),
         }
         taints = []
-        capacity = {"cpu": cpu, "memory": memory, "pods": pods, "ephemeral-storage": "100Gi"}
-        if tpu is not None:
+        capacity = {"cpu": cpu or "8", "memory": memory or "32Gi", "pods": pods, "ephemeral-storage": "100Gi"}
+        if tpu is not None:  # a TPU node is as big as its machine type, unless told otherwise
+            machine = tpu_machine_type(tpu, chips_per_node)
+            capacity.update(cpu=cpu or str(machine.vcpus), memory=memory or f"{machine.memory_gb}G")
             base_labels[LABEL_TPU_ACCELERATOR] = tpu
             base_labels[LABEL_TPU_TOPOLOGY] = topology or ""
-            base_labels["node.kubernetes.io/instance-type"] = _TPU_MACHINE_TYPES.get(tpu, "ct-standard-4t")
+            base_labels["node.kubernetes.io/instance-type"] = machine.name
             capacity[TPU_RESOURCE] = str(chips_per_node)
             taints.append(client.V1Taint(key=TPU_RESOURCE, value="present", effect="NoSchedule"))
         else:

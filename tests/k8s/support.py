@@ -59,10 +59,11 @@ def kube_connection(kubeconfig: dict[str, Any], namespace: str) -> str:
                                                             "namespace": namespace}})
 
 
-def raytpu_connection(namespace: str, kubernetes_conn_id: str = KUBE_CONN_ID) -> str:
+def raytpu_connection(namespace: str, kubernetes_conn_id: str = KUBE_CONN_ID, *, confirm_with_ray: bool) -> str:
     return json.dumps({"conn_type": "raytpu", "extra": {"backend": "kubernetes",
                                                         "kubernetes_conn_id": kubernetes_conn_id,
-                                                        "namespace": namespace}})
+                                                        "namespace": namespace,
+                                                        "confirm_with_ray": confirm_with_ray}})
 
 
 def kubeconfig_for(server: str, ca_pem: bytes, token: str, namespace: str = "default") -> dict[str, Any]:
@@ -108,18 +109,26 @@ def bind(cp: ControlPlane, namespace: str, role: dict[str, Any]) -> str:
 
 
 class Connections:
-    """Points ``raytpu_default`` (backend kubernetes) -> ``kube_test`` at one namespace, as some identity."""
+    """Points ``raytpu_default`` (backend kubernetes) -> ``kube_test`` at one namespace, as some identity.
 
-    def __init__(self, cp: ControlPlane, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    :param confirm_with_ray: the connection's ``confirm_with_ray``: on only where every pod of the test's
+        clusters runs Ray (nodes with ``host_processes``) and GKE's TPU webhook stand-in mutates them
+        (``create_namespace(..., tpu_webhook=True)``); elsewhere the pods run nothing to confirm with.
+    """
+
+    def __init__(self, cp: ControlPlane, namespace: str, monkeypatch: pytest.MonkeyPatch, *,
+                 confirm_with_ray: bool = False) -> None:
         self.cp = cp
         self.namespace = namespace
         self._monkeypatch = monkeypatch
+        self.confirm_with_ray = confirm_with_ray
 
     def use(self, kubeconfig: dict[str, Any]) -> None:
         """``raytpu_default`` (backend kubernetes, the namespace) -> ``kube_test`` -> ``kubeconfig``
         (e.g. one for a proxy in front of the API server)."""
         self._monkeypatch.setenv("AIRFLOW_CONN_KUBE_TEST", kube_connection(kubeconfig, self.namespace))
-        self._monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(self.namespace))
+        self._monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT",
+                                 raytpu_connection(self.namespace, confirm_with_ray=self.confirm_with_ray))
 
     def as_admin(self) -> None:
         self.use(self.cp.kubeconfig_dict(namespace=self.namespace))
@@ -265,16 +274,19 @@ def lifecycle_dag(
     gate_unschedulable_hosts: int | None = None,
     retries: int = 1,
     delete: bool = True,
+    sensor: dict[str, Any] | None = None,
 ) -> str:
     """A create -> wait_ready (deferrable) -> delete (teardown, wait_for_deletion) DAG.
 
     :param create: CreateRayClusterOperator keyword arguments (rendered with ``repr``).
+    :param sensor: more RayClusterReadySensor keyword arguments (rendered with ``repr``).
     :param snapshot: add a task between ready and delete returning the cluster's pods.
     :param gate_unschedulable_hosts: add a task before the sensor that waits until that
         many TPU host pods were rejected by the scheduler.
     :param delete: add the delete teardown.
     """
     args = ", ".join(f"{k}={v!r}" for k, v in create.items())
+    sensor_args = "".join(f", {k}={v!r}" for k, v in (sensor or {}).items())
     lines = [
         "from datetime import datetime",
         "from airflow.sdk import DAG, task",
@@ -286,7 +298,7 @@ def lifecycle_dag(
         f"    create = CreateRayClusterOperator(task_id='create_cluster', {args})",
         "    cluster = \"{{ ti.xcom_pull('create_cluster')['cluster_name'] }}\"",
         f"    ready = RayClusterReadySensor(task_id='wait_ready', cluster_name=cluster, timeout={sensor_timeout},"
-        " poll_interval=1)",
+        f" poll_interval=1{sensor_args})",
         "    create >> ready",
     ]
     if delete:
@@ -305,7 +317,7 @@ def lifecycle_dag(
 
 
 def ready_delete_dag(dag_id: str, cluster_name: str, sensor_timeout: float = 240) -> str:
-    """wait_ready (deferrable) -> delete (wait_for_deletion), for a cluster that exists already."""
+    """wait_ready (deferrable) -> delete (wait_for_deletion), for a cluster another DAG made (so ``force``)."""
     return f"""
 from datetime import datetime
 from airflow.sdk import DAG
@@ -315,7 +327,7 @@ from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
 with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), default_args={{'retries': 0}}):
     ready = RayClusterReadySensor(task_id='wait_ready', cluster_name={cluster_name!r}, timeout={sensor_timeout},
                                   poll_interval=1)
-    delete = DeleteRayClusterOperator(task_id='delete_cluster', cluster_name={cluster_name!r},
+    delete = DeleteRayClusterOperator(task_id='delete_cluster', cluster_name={cluster_name!r}, force=True,
                                       wait_for_deletion=True, deletion_timeout=120, poll_interval=0.5)
     ready >> delete
 """

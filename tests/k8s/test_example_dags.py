@@ -13,9 +13,7 @@ runs on the CPU.
 In file order, on one namespace:
 
 1. ``nightly_embeddings`` on a spot v4 2x2x2 slice (2 hosts): one embedding actor per TPU host,
-   parquet in GCS, the cluster deleted as a teardown, no pod left. Only with ``RAYTPU_K8S_FULL=1``
-   (``make test-full``): ``make test`` keeps to CI's budget, and ``nightly_finetune``'s preprocess
-   already runs Ray Data across the slice's hosts.
+   parquet in GCS, the cluster deleted as a teardown, no pod left.
 2. ``nightly_finetune``, first run: v4 2x2x2 slice, preprocess, train 30 steps with orbax checkpoints
    in GCS, the RayService (a v6e 2x2 host) made and serving that checkpoint (v1); the training
    cluster is torn down. This run is the reference for the next one.
@@ -24,8 +22,7 @@ In file order, on one namespace:
    slice, the raylets rejoin, Ray Train resumes from the newest checkpoint and ends on the reference's
    loss within 1e-6. Then the RayService is promoted to the new checkpoint (v2) through KubeRay's
    NewCluster upgrade (a second real serving cluster) while a request loop goes through the API
-   server's service proxy: no request fails and the answers switch from v1 to v2, once. Only with
-   ``RAYTPU_K8S_FULL=1`` (about 9 minutes on this machine); the local tier covers both paths in ``make test``.
+   server's service proxy: no request fails and the answers switch from v1 to v2, once.
 4. Deleting the RayService leaves no pod, and no pod network behind.
 
 Needs pod networks (CAP_NET_ADMIN): without, the module skips (single-head mode, test_ray_head.py).
@@ -37,7 +34,6 @@ requests during the promotion: request_loop.py.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -84,12 +80,8 @@ class Pools:
 
 
 @pytest.fixture(scope="module")
-def cp(k8s_control_plane: ControlPlane) -> ControlPlane:
-    """The control plane, when its pods can have networks of their own (else the module skips)."""
-    if k8s_control_plane.pod_network is None:
-        pytest.skip(f"pods cannot get a network of their own ({k8s_control_plane.pod_network_problem}), so "
-                    "only one real Ray pod can run at a time: single-head mode (test_ray_head.py)")
-    return k8s_control_plane
+def cp(networked_control_plane: ControlPlane) -> ControlPlane:
+    return networked_control_plane
 
 
 @pytest.fixture(scope="module")
@@ -124,10 +116,11 @@ def gcs(cp: ControlPlane) -> Iterator[FakeGcsServer]:
 @pytest.fixture(scope="module")
 def namespace(cp: ControlPlane) -> Iterator[str]:
     """One namespace for the module (the RayService lives from the first finetune run to the last test),
-    with GKE's TPU webhook; ``raytpu_default`` -> it, as admin. What a failed test left is deleted after."""
+    with GKE's TPU webhook; ``raytpu_default`` -> it, as admin, READY confirmed with Ray (every pod runs
+    Ray). What a failed test left is deleted after."""
     ns = cp.create_namespace(f"example-dags-{suffix()}", tpu_webhook=True)
     patch = pytest.MonkeyPatch()
-    Connections(cp, ns, patch).as_admin()
+    Connections(cp, ns, patch, confirm_with_ray=True).as_admin()
     yield ns
     with contextlib.suppress(Exception):
         for service in cp_json(cp, f"/apis/ray.io/v1/namespaces/{ns}/rayservices")["items"]:
@@ -139,8 +132,6 @@ def namespace(cp: ControlPlane) -> Iterator[str]:
 # -- 1. nightly_embeddings ----------------------------------------------------------------------
 
 
-@pytest.mark.skipif(os.environ.get("RAYTPU_K8S_FULL") != "1",
-                    reason="outside CI's budget: `make test-full` (RAYTPU_K8S_FULL=1) runs it")
 def test_nightly_embeddings_on_a_spot_slice_with_a_raylet_per_host(
         airflow_home: Path, cp: ControlPlane, pools: Pools, gcs: FakeGcsServer, namespace: str) -> None:
     outcome = run_example(airflow_home, "nightly_embeddings", conf(gcs, spot="true"), day=1)
@@ -184,8 +175,6 @@ def test_nightly_finetune_trains_checkpoints_and_serves_it(
 # -- 3. nightly_finetune, second run: a preempted host, then promotion under load -----------------
 
 
-@pytest.mark.skipif(os.environ.get("RAYTPU_K8S_FULL") != "1",
-                    reason="outside CI's budget (about 9 min): `make test-full` (RAYTPU_K8S_FULL=1) runs it")
 def test_preempted_host_resumes_and_promotion_to_v2_fails_no_request(
         airflow_home: Path, cp: ControlPlane, pools: Pools, first_run: dict[str, TaskOutcome], gcs: FakeGcsServer,
         namespace: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -83,7 +83,7 @@ def test_v6e_4x4_two_slices_create_ready_delete(airflow_home: Path, k8s_control_
 
     # Deleted (the operator waited for the object), and the garbage collector takes every pod.
     assert outcome["delete_cluster"].result == {"cluster_name": "nightly", "cluster_names": ["nightly"],
-                                                "namespace": namespace, "deleted": True}
+                                                "namespace": namespace, "deleted": True, "skipped": []}
     assert rayclusters(cp, namespace) == []
     wait_no_pods(cp, namespace)
 

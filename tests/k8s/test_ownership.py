@@ -1,7 +1,9 @@
 """What the real KubeRay operator does where DAGs share a namespace: a spec change, a quota refusal.
 
-- KubeRay v1.5 has no RayCluster upgradeStrategy: a PUT of a new slice shape leaves the old
-  hosts running next to new ones. ``update_if_exists`` recreates the cluster instead.
+- A PUT of a new slice shape alone leaves the old hosts running next to new ones. Where the CRD
+  has RayCluster ``upgradeStrategy`` (KubeRay 1.6 and newer, as this control plane runs)
+  ``update_if_exists`` updates the cluster with ``Recreate``: KubeRay replaces every pod, and the
+  sensor counts none of the old shape.
 - A pod refused by a ResourceQuota is a reconcile error: KubeRay sets ``ReplicaFailure``
   (``FailedCreateWorkerPod``) and clears it once the pod can be created. The ready sensor
   waits it out instead of failing.
@@ -39,10 +41,14 @@ with DAG("k8s_recreate", schedule=None, start_date=datetime(2026, 1, 1), default
 
     @task
     def hosts(reference):
-        """The TPU host pods as they are when the sensor said ready: pod uid and node."""
-        pods = RayTpuHook().backend.cluster_pods(reference["cluster_name"], reference["namespace"])
-        return sorted([p["metadata"]["uid"], p["spec"].get("nodeName")] for p in pods
-                      if p["metadata"]["labels"].get("ray.io/node-type") == "worker")
+        """The TPU host pods as they are when the sensor said ready (pod uid and node), and the RayCluster's uid
+        and upgradeStrategy."""
+        backend = RayTpuHook().backend
+        pods = backend.cluster_pods(reference["cluster_name"], reference["namespace"])
+        cluster = backend.get_cluster(reference["cluster_name"], reference["namespace"])
+        return {{"cluster": [cluster["metadata"]["uid"], cluster["spec"].get("upgradeStrategy")],
+                "hosts": sorted([p["metadata"]["uid"], p["spec"].get("nodeName")] for p in pods
+                                if p["metadata"]["labels"].get("ray.io/node-type") == "worker")}}
 
     snapshot = hosts(create.output)
     ready >> snapshot
@@ -72,7 +78,7 @@ def test_a_new_slice_shape_with_update_if_exists_recreates_the_cluster(
     assert states(first) == {"create_cluster": "success", "wait_ready": "success", "hosts": "success"}, first
     name = first["create_cluster"].result["cluster_name"]
     old_uid = rayclusters(cp, namespace)[0]["metadata"]["uid"]
-    assert {node_topology(cp, node) for _, node in first["hosts"].result} == {"2x2"}
+    assert {node_topology(cp, node) for _, node in first["hosts"].result["hosts"]} == {"2x2"}
 
     # The same task of the same run, the DAG edited to v6e 2x4 slices of two 4-chip hosts.
     teardown = "delete = DeleteRayClusterOperator(task_id='delete_cluster', wait_for_deletion=True)\n" \
@@ -82,14 +88,15 @@ def test_a_new_slice_shape_with_update_if_exists_recreates_the_cluster(
     assert states(second) == {"create_cluster": "success", "wait_ready": "success", "hosts": "success",
                               "delete_cluster": "success"}, second
     assert second["create_cluster"].result["cluster_name"] == name
-    assert f"RayCluster {namespace}/{name} recreated" in capfd.readouterr().out
+    assert f"RayCluster {namespace}/{name} updated" in capfd.readouterr().out
+    assert second["hosts"].result["cluster"] == [old_uid, {"type": "Recreate"}], "updated in place, not deleted"
     assert second["wait_ready"].result["ready_hosts"] == 4
-    hosts = second["hosts"].result
+    hosts = second["hosts"].result["hosts"]
     # Every host of the ready cluster is a new pod on a 2x4 node: none of the old shape is counted.
     assert {node_topology(cp, node) for _, node in hosts} == {"2x4"}, hosts
-    assert not {uid for uid, _ in hosts} & {uid for uid, _ in first["hosts"].result}
+    assert not {uid for uid, _ in hosts} & {uid for uid, _ in first["hosts"].result["hosts"]}
     assert second["delete_cluster"].result["cluster_names"] == [name]
-    assert rayclusters(cp, namespace) == [] and old_uid
+    assert rayclusters(cp, namespace) == []
     wait_no_pods(cp, namespace)
 
 

@@ -18,8 +18,10 @@ from tests.k8s.support import (
     lifecycle_dag,
     rayclusters,
     states,
+    suffix,
     wait_no_pods,
 )
+from tests.k8s.tpuwebhook import CONFIGURATION_NAME
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(420)]
 
@@ -106,3 +108,39 @@ def test_role_without_delete_fails_the_delete_task_with_a_permission_error(
     assert "AirflowFailException: The connection's Kubernetes identity may not delete rayclusters.ray.io" in log
     assert "kubernetes.client.exceptions" not in log and "ApiException" not in log
     assert "Reason: Forbidden" not in log and "HTTP response headers" not in log
+
+
+def test_the_connection_test_reports_the_crd_the_tpu_webhook_and_missing_verbs(
+        k8s_control_plane: ControlPlane, namespace: str, connections: Connections,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line each: what the CRD says of KubeRay, whether GKE's TPU webhook (the stand-in) applies in the
+    namespace, and which verbs of docs/rbac.yaml the identity lacks; none of them fails the test."""
+    from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
+
+    cp = k8s_control_plane
+    with_webhook = cp.create_namespace(f"rbac-webhook-{suffix()}", tpu_webhook=True)
+    Connections(cp, with_webhook, monkeypatch).as_admin()
+    ok, message = RayTpuHook().test_connection()
+    assert ok, message
+    lines = message.splitlines()
+    assert lines[1] == ("KubeRay CRD rayclusters.ray.io: v1, v1alpha1, with upgradeStrategy, authOptions "
+                        "(KubeRay 1.6 or newer)"), message
+    assert lines[2] == f"GKE TPU webhook: {CONFIGURATION_NAME} mutates the TPU pods of namespace '{with_webhook}'"
+    assert lines[3] == (f"RBAC in namespace '{with_webhook}': every verb of the provider's Role (docs/rbac.yaml) "
+                        "is granted")
+
+    connections.as_admin()  # a namespace the webhook's namespaceSelector leaves out
+    ok, message = RayTpuHook().test_connection()
+    assert ok, message
+    assert f"{CONFIGURATION_NAME} exists, but its namespaceSelector leaves out namespace '{namespace}'" in message
+
+    connections.as_role(without_delete_on_rayclusters(documented_role()))
+    ok, message = RayTpuHook().test_connection()
+    assert ok, message
+    assert message.splitlines()[1:] == [
+        "KubeRay CRD rayclusters.ray.io: not readable (403 Forbidden); KubeRay 1.5 features assumed",
+        "GKE TPU webhook: cannot check: 403 Forbidden (listing mutatingwebhookconfigurations is cluster-wide)",
+        f"RBAC in namespace '{namespace}': missing delete on rayclusters.ray.io (grant the provider's Role, "
+        "docs/rbac.yaml)",
+    ]
+

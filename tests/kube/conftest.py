@@ -36,8 +36,11 @@ def kuberay(kube: FakeKubeApiServer) -> KubeRayReactor:
 
 
 def raytpu_connection(**extra: object) -> str:
+    """The fake KubeRay's pods run no Ray (and no TPU webhook mutates them): READY is not confirmed with Ray,
+    except where a test says so (``confirm_with_ray=True``, with a stub of Ray's State API)."""
     return json.dumps({"conn_type": "raytpu", "extra": {"backend": "kubernetes", "kubernetes_conn_id": "kube_test",
-                                                        "namespace": NAMESPACE, **extra}})
+                                                        "namespace": NAMESPACE, "confirm_with_ray": False,
+                                                        **extra}})
 
 
 @pytest.fixture

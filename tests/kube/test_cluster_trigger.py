@@ -146,3 +146,49 @@ async def test_missing_connection_is_an_error_event() -> None:
     t = RayClusterReadyTrigger("train", NAMESPACE, "no_such_conn", time.time() + 5)
     event = await first_event(t)
     assert event["status"] == "ERROR" and "No Airflow connection 'no_such_conn'" in event["message"]
+
+
+STALLED_GET = r"/rayclusters/train$"
+EMPTY_LIST = {"apiVersion": "ray.io/v1", "kind": "RayClusterList", "items": [], "metadata": {"resourceVersion": "1"}}
+
+
+async def test_an_api_call_that_times_out_is_not_the_wait_deadline(
+        backend: KubeRayBackend, kube: FakeKubeApiServer, kuberay: KubeRayReactor, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """The informer's first GET of the cluster times out (on all 6 attempts of the API client's own retry): a
+    transient error, tried again by the trigger, not the sensor's timeout."""
+    from airflow_provider_raytpu.backends.kuberay import watch
+
+    create(backend)
+    await asyncio.to_thread(kube.wait_for, lambda: (kube.get_object("rayclusters", NAMESPACE, "train") or {}).get(
+        "status", {}).get("state") == "ready")
+    monkeypatch.setattr(watch, "GET_TIMEOUT_SECONDS", 1.0)
+    kube.inject("GET", r"/rayclusters$", 200, body=EMPTY_LIST, watch=False)  # the list misses it: one GET
+    kube.stall("GET", STALLED_GET, 3.0, times=6)  # longer than each GET may take, for all its 6 attempts
+    event = await first_event(trigger(deadline_in=40))
+    assert event["status"] == "READY", event
+    assert "RayCluster ml/train: the Kubernetes API unreachable for 0 s (TimeoutError); trying for up to 600 s more" in (
+        capfd.readouterr().out)
+
+
+async def test_an_api_unreachable_for_longer_than_its_grace_is_a_retryable_event(
+        backend: KubeRayBackend, kube: FakeKubeApiServer, kuberay: KubeRayReactor,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
+
+    from airflow_provider_raytpu.backends.kuberay import watch
+    from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
+
+    create(backend)
+    monkeypatch.setattr(watch, "GET_TIMEOUT_SECONDS", 0.5)
+    kube.inject("GET", r"/rayclusters$", 200, body=EMPTY_LIST, watch=False, times=None)
+    kube.stall("GET", STALLED_GET, 2.0, times=None)
+    waiting = RayClusterReadyTrigger("train", NAMESPACE, "raytpu_default", time.time() + 30, 0.5,
+                                     unreachable_grace_period=3)
+    event = await first_event(waiting)
+    assert event["status"] == "UNREACHABLE"
+    assert "the Kubernetes API unreachable for" in event["message"] and "longer than its grace of 3 s" in event["message"]
+    sensor = RayClusterReadySensor(task_id="wait_ready", cluster_name="train")
+    with pytest.raises(AirflowException) as raised:
+        sensor.execute_complete({}, event)
+    assert not isinstance(raised.value, (AirflowSensorTimeout, AirflowFailException)), "a retry may find it back"

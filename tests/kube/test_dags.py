@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -70,7 +71,7 @@ from airflow.sdk import DAG
 from airflow_provider_raytpu.operators.raycluster import DeleteRayClusterOperator
 
 with DAG("teardown", schedule=None, start_date=datetime(2026, 1, 1)):
-    DeleteRayClusterOperator(task_id="delete_cluster", cluster_name="slow-to-go", poll_interval=1)
+    DeleteRayClusterOperator(task_id="delete_cluster", cluster_name="slow-to-go", poll_interval=1, force=True)
 '''
 
 
@@ -131,9 +132,57 @@ def test_expired_clusters_are_deleted(airflow_home: Path, connections: None, kub
     unmanaged["metadata"]["labels"] = {}
     unmanaged["metadata"]["annotations"][EXPIRES_AT_ANNOTATION] = format_expiry(now - timedelta(days=1))
     kube.create_object(unmanaged)
+    garbled = build_ray_cluster(name="garbled", namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x2"))
+    garbled["metadata"]["annotations"][EXPIRES_AT_ANNOTATION] = "next tuesday"
+    kube.create_object(garbled)
     outcome = run_dag(airflow_home, EXPIRED, "janitor")
-    assert outcome["delete_expired"].result == [f"{NAMESPACE}/old"]
-    assert sorted(c["metadata"]["name"] for c in kube.list_objects("rayclusters", NAMESPACE)) == ["fresh", "unmanaged"]
+    assert outcome["delete_expired"].result == [f"{NAMESPACE}/old"], "one bad annotation skips one cluster, not all"
+    assert sorted(c["metadata"]["name"] for c in kube.list_objects("rayclusters", NAMESPACE)) == [
+        "fresh", "garbled", "unmanaged"]
+
+
+NIGHTLY = '''
+from datetime import datetime, timedelta
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
+
+with DAG("nightly_expiry", schedule=None, start_date=datetime(2026, 1, 1)):
+    CreateRayClusterOperator(task_id="create_cluster", cluster_name="nightly", accelerator="v6e", topology="2x2",
+                             max_lifetime=3600)
+'''
+
+
+def test_expiry_never_kills_live_work(airflow_home: Path, connections: None, kube: FakeKubeApiServer,
+                                     kuberay: KubeRayReactor, capfd: pytest.CaptureFixture[str]) -> None:
+    """A cluster whose expiry passed is kept while its DAG run runs; a Clear the next day that adopts it renews
+    its expiry, so the sweep does not delete it mid-run."""
+    from sqlalchemy import update
+
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    logical_date = datetime(2026, 12, 3, tzinfo=timezone.utc)
+    first = run_dag(airflow_home, NIGHTLY, "nightly_expiry", logical_date=logical_date)
+    assert first["create_cluster"].state == "success"
+    yesterday = format_expiry(datetime.now(timezone.utc) - timedelta(hours=1))
+    kube.patch_object("rayclusters", NAMESPACE, "nightly", {"metadata": {"annotations": {
+        EXPIRES_AT_ANNOTATION: yesterday}}})
+    run_id = f"manual__{logical_date.isoformat()}"
+    with create_session() as session:  # the run goes on (its training is not done)
+        session.execute(update(DagRun).where(DagRun.dag_id == "nightly_expiry", DagRun.run_id == run_id)
+                        .values(state="running"))
+    assert run_dag(airflow_home, EXPIRED, "janitor")["delete_expired"].result == []
+    assert (f"RayCluster {NAMESPACE}/nightly expired at {yesterday} but is not deleted: its DAG run nightly_expiry "
+            f"/ {run_id} is running") in capfd.readouterr().out
+
+    # The next day a Clear re-runs the create task: it adopts the cluster, and renews its expiry from now.
+    again = run_dag(airflow_home, NIGHTLY, "nightly_expiry", logical_date=logical_date)
+    assert again["create_cluster"].state == "success"
+    renewed = kube.get_object("rayclusters", NAMESPACE, "nightly")["metadata"]["annotations"][EXPIRES_AT_ANNOTATION]
+    assert renewed > format_expiry(datetime.now(timezone.utc) + timedelta(minutes=55))
+    assert "RayCluster ml/nightly adopted: its expiry is renewed from" in capfd.readouterr().out
+    assert run_dag(airflow_home, EXPIRED, "janitor")["delete_expired"].result == []
+    assert kube.get_object("rayclusters", NAMESPACE, "nightly") is not None
 
 
 OPTIONS = '''
@@ -211,3 +260,101 @@ def test_an_option_that_renders_to_the_wrong_type_fails_before_any_api_call(
     assert (outcome["create_cluster"].state, outcome["create_cluster"].try_number) == ("failed", 1)
     assert kube.count("POST") == 0
     assert "worker_resources='8': is not a mapping" in capfd.readouterr().out
+
+
+DATA_OVER_INPUT = '''
+from datetime import datetime
+from airflow.sdk import DAG, Param
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
+from airflow_provider_raytpu.operators.ray_data import RayDataOperator
+
+with DAG("data_over_input", schedule=None, start_date=datetime(2026, 1, 1), default_args={"retries": 2},
+         params={"raw": Param("gs://b/raw"), "clean": Param("gs://b/raw/clean")}):
+    create = CreateRayClusterOperator(task_id="create_cluster", accelerator="v6e", topology="2x2")
+    clean = RayDataOperator(task_id="clean", cluster=create.output, input_uri="{{ params.raw }}",
+                            output_uri="{{ params.clean }}", transform="pipeline.transforms:normalise")
+    create >> clean
+'''
+
+
+def test_a_templated_output_over_its_input_fails_before_any_job_is_submitted(
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer, kuberay: KubeRayReactor,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    outcome = run_dag(airflow_home, DATA_OVER_INPUT, "data_over_input")
+    assert outcome["create_cluster"].state == "success"
+    assert (outcome["clean"].state, outcome["clean"].try_number) == ("failed", 1), "bad input is not retried"
+    assert ("output_uri='gs://b/raw/clean': lies inside the input 'gs://b/raw'. Replacing an output deletes what is "
+            "there") in capfd.readouterr().out
+    assert kube.count("GET", r"/proxy/") == kube.count("POST", r"/proxy/") == 0, "nothing reached the dashboard"
+
+
+def test_an_expired_cluster_running_a_ray_job_is_kept_until_the_job_ends(
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer, capfd: pytest.CaptureFixture[str]) -> None:
+    from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
+    from airflow_provider_raytpu.tpu import TpuSlice
+    from tests.kube.jobs_stub import JobsStub
+
+    expired = format_expiry(datetime.now(timezone.utc) - timedelta(minutes=5))
+    kube.create_object(build_ray_cluster(name="busy", namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x2"),
+                                         expires_at=datetime.now(timezone.utc) - timedelta(minutes=5)))
+    kube.create_object({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "busy-head-svc",
+                        "namespace": NAMESPACE}, "spec": {"ports": [{"name": "dashboard", "port": 8265}]}})
+    with JobsStub() as jobs:
+        kube.register_service_proxy(NAMESPACE, "busy-head-svc", "dashboard", jobs.url_for("busy"))
+        jobs.add("busy", "raytpu-train-try1", log="step 1\n")
+        assert run_dag(airflow_home, EXPIRED, "janitor")["delete_expired"].result == []
+        assert (f"RayCluster {NAMESPACE}/busy expired at {expired} but is not deleted: Ray job(s) raytpu-train-try1 "
+                "still running on it") in capfd.readouterr().out
+        jobs.finish("busy", "raytpu-train-try1")
+        assert run_dag(airflow_home, EXPIRED, "janitor")["delete_expired"].result == [f"{NAMESPACE}/busy"]
+
+
+def test_a_namespace_that_is_not_a_dns_label_fails_before_any_request(
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer, capfd: pytest.CaptureFixture[str]) -> None:
+    source = '''
+from datetime import datetime
+from airflow.sdk import DAG, Param
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
+
+with DAG("bad_namespace", schedule=None, start_date=datetime(2026, 1, 1), params={"ns": Param("ml/../kube-system")}):
+    CreateRayClusterOperator(task_id="create_cluster", accelerator="v6e", topology="2x2", namespace="{{ params.ns }}")
+'''
+    outcome = run_dag(airflow_home, source, "bad_namespace")
+    assert (outcome["create_cluster"].state, outcome["create_cluster"].try_number) == ("failed", 1)
+    assert "namespace='ml/../kube-system': is not a Kubernetes namespace" in capfd.readouterr().out
+    assert kube.count(None, r"kube-system") == 0 and kube.count("POST") == 0
+
+
+def test_dashboard_url_credentials_never_reach_xcom_or_links(
+        airflow_home: Path, kube: FakeKubeApiServer, kuberay: KubeRayReactor, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.kube.conftest import raytpu_connection
+
+    monkeypatch.setenv("AIRFLOW_CONN_KUBE_TEST", kube.airflow_connection(NAMESPACE))
+    monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(
+        dashboard="url", dashboard_url="https://raytpu:s3cr3t-pw@ray.example.com/{namespace}/{cluster_name}"))
+    outcome = run_dag(airflow_home, LIFECYCLE.format(dag_id="creds_in_url"), "creds_in_url")
+    created = outcome["create_cluster"]
+    assert created.state == "success"
+    assert created.result["dashboard_url"] == f"https://ray.example.com/{NAMESPACE}/nightly-train"
+    assert "s3cr3t" not in json.dumps([created.links, outcome["wait_ready"].links, created.result])
+
+
+def test_a_templated_shape_gke_does_not_offer_fails_on_gke_and_warns_on_kubernetes(
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer, kuberay: KubeRayReactor,
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """Ray's table has v6e 2x8; GKE makes no node pool of it. On kubernetes (TPU nodes of your own) it is used."""
+    conf = {"accelerator": "v6e", "topology": "2x8", "slices": "1", "spot": "false"}
+    outcome = run_dag(airflow_home, LIFECYCLE.format(dag_id="own_2x8"), "own_2x8", conf=conf)
+    assert outcome["create_cluster"].state == "success"
+    assert ("v6e 2x8 is not a slice shape GKE offers (a node pool of it cannot be created, and its pods would stay "
+            "Pending). The shapes GKE offers of v6e: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16. On backend "
+            "'kubernetes' it is used as given") in capfd.readouterr().out
+
+    monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", json.dumps({"conn_type": "raytpu", "extra": {
+        "backend": "gke", "project_id": "p", "location": "us-east5", "cluster": "tpu", "namespace": NAMESPACE,
+        "confirm_with_ray": False}}))
+    posts = kube.count("POST")
+    outcome = run_dag(airflow_home, LIFECYCLE.format(dag_id="gke_2x8"), "gke_2x8", conf=conf)
+    assert (outcome["create_cluster"].state, outcome["create_cluster"].try_number) == ("failed", 1)
+    assert "topology='2x8': is not a slice shape GKE offers of v6e" in capfd.readouterr().out
+    assert kube.count("POST") == posts

@@ -29,7 +29,8 @@ def gke(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
             monkeypatch.setenv("AIRFLOW_CONN_GCP_TEST", google.gcp_connection(PROJECT))
             monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", json.dumps({"conn_type": "raytpu", "extra": {
                 "backend": "gke", "gcp_conn_id": "gcp_test", "project_id": PROJECT, "location": "us-east5",
-                "cluster": "tpu-cluster", "namespace": "ml", "gke_api_endpoint": google.url}}))
+                "cluster": "tpu-cluster", "namespace": "ml", "gke_api_endpoint": google.url,
+                "confirm_with_ray": False}}))
             yield kube, google
 
 

@@ -1,21 +1,17 @@
 """RayJobTrigger through the API server's service proxy: one status request per cluster per tick, the log
-streamed once, each line written once across a cut stream and a triggerer restart."""
+streamed once, each line written once across a cut stream (across a triggerer restart: test_job_log_restart)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from airflow_provider_raytpu.backends.loop_shared import close_loop_shared
-from airflow_provider_raytpu.triggers import ray_job
-from airflow_provider_raytpu.triggers.ray_job import LOG_OFFSET_KEY, RayJobTrigger
+from airflow_provider_raytpu.triggers.ray_job import RayJobTrigger
 from tests.fakekube.server import FakeKubeApiServer
 from tests.kube.conftest import NAMESPACE
 from tests.kube.jobs_stub import JobsStub
@@ -127,128 +123,146 @@ async def test_refused_upgrades_fall_back_to_reading_the_whole_log(jobs: JobsStu
 
 
 async def test_an_unknown_job_is_an_error_event(jobs: JobsStub) -> None:
-    event = await first_event(trigger("a", "no-such-job", poll_interval=0.01))
-    assert event["status"] == "ERROR" and "does not list job no-such-job" in event["message"]
+    """A reachable dashboard without the job (a restarted head forgets its jobs): an error within a minute at
+    most, here the whole (shorter) grace."""
+    event = await first_event(trigger("a", "no-such-job", poll_interval=0.01, unreachable_grace_period=1))
+    assert event["status"] == "ERROR"
+    assert ("the dashboard of RayCluster ml/a without the job for 1 s, longer than its grace of 1 s: GET /api/jobs/ "
+            "does not list no-such-job") in event["message"]
 
 
-# -- a triggerer restart: the position in the log is kept in the task's XCom -------------------------
+SECRET = "sk-live-0f9e8d7c6b5a"
 
 
-@pytest.fixture
-def task_instance(airflow_home: Path, request: pytest.FixtureRequest) -> Iterator[SimpleNamespace]:
-    """A task instance of a DAG of the test's own in the test database, and Airflow's in-process
-    supervisor comms for its XComs (what the triggerer's supervisor does for a trigger's XCom requests)."""
-    import psutil
-    import structlog
-    from sqlalchemy import select
+async def test_a_job_that_fails_early_keeps_its_secret_config_out_of_the_event(
+        jobs: JobsStub, kube: FakeKubeApiServer, capfd: pytest.CaptureFixture[str]) -> None:
+    """Within 50 lines the job's tail holds Ray's own first line, which repeats the command and its --config."""
+    import json
+    import shlex
 
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.sdk.execution_time.supervisor import (
-        InProcessSupervisorComms,
-        InProcessTestSupervisor,
-        set_supervisor_comms,
-    )
-    from airflow.utils.session import create_session
-    from tests.airflow_runner import run_dag
-
-    dag_id = f"job_log_{request.node.name[len('test_'):][:60]}"
-    run_dag(airflow_home, f"""
-from datetime import datetime
-from airflow.sdk import DAG
-from airflow.providers.standard.operators.empty import EmptyOperator
-with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1)):
-    EmptyOperator(task_id="job")
-""", dag_id)
-    with create_session() as session:
-        ti = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == dag_id)).one()
-        found = SimpleNamespace(id=ti.id, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=-1,
-                                try_number=ti.try_number)
-    supervisor = InProcessTestSupervisor(id=found.id, pid=os.getpid(), process=psutil.Process(),
-                                         process_log=structlog.get_logger(logger_name="task").bind(),
-                                         client=InProcessTestSupervisor._api_client())
-    supervisor.comms = InProcessSupervisorComms(supervisor=supervisor)
-    with set_supervisor_comms(supervisor.comms):
-        yield found
-
-
-async def test_a_restarted_trigger_goes_on_after_the_lines_already_written(
-        jobs: JobsStub, kube: FakeKubeApiServer, task_instance: SimpleNamespace,
-        capfd: pytest.CaptureFixture[str]) -> None:
-    from airflow.sdk.execution_time.xcom import XCom
-
-    jobs.add("a", "job-1", log=lines(0, 12) + "half")
-    first = trigger("a", "job-1")
-    first.task_instance = task_instance  # as the triggerer sets it
-    task = asyncio.create_task(first_event(first))
-    await asyncio.to_thread(kube.wait_for, lambda: first.logged_chars == len(lines(0, 12)), 10)
-    task.cancel()  # the triggerer stops
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await close_loop_shared()
-    saved = XCom.get_one(key=LOG_OFFSET_KEY, dag_id=task_instance.dag_id, task_id="job",
-                         run_id=task_instance.run_id, map_index=-1)
-    assert saved == {"submission_id": "job-1", "logged_chars": len(lines(0, 12))}
-
-    jobs.append("a", "job-1", " line\n" + lines(12, 20))
-    second = trigger("a", "job-1")  # the new triggerer makes it from the kwargs stored at defer time
-    assert second.logged_chars == 0
-    second.task_instance = task_instance
-    task = asyncio.create_task(first_event(second))
-    await asyncio.to_thread(kube.wait_for, lambda: second.logged_chars == len(lines(0, 12) + "half line\n" + lines(12, 20)), 10)
-    jobs.finish("a", "job-1")
+    command = shlex.join(["python", "-m", "airflow_provider_raytpu.workloads.train", "--config",
+                          json.dumps({"wandb_api_key": SECRET, "lr": 0.1}), "--datasets", "{}"])
+    first = f"Running entrypoint for job job-1: {command}\n"
+    jobs.add("a", "job-1", log=first + "loading\nstep 1\n")
+    task = asyncio.create_task(first_event(trigger("a", "job-1")))
+    await asyncio.to_thread(kube.wait_for, lambda: jobs.open_tails == 1, 10)
+    tail = first + "loading\nstep 1\nValueError: boom\n"
+    jobs.finish("a", "job-1", status="FAILED", text="ValueError: boom\n", message=(
+        "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n" + tail))
     event = await task
-    assert event["status"] == "SUCCEEDED"
-    assert "result" not in event, "the result may have been in the part of the log the first trigger read"
-    assert written(capfd) == [f"line {i}" for i in range(12)] + ["half line"] + [f"line {i}" for i in range(12, 20)]
+    assert event["status"] == "FAILED"
+    assert SECRET not in json.dumps(event), event
+    assert event["message"] == "Job entrypoint command failed with exit code 1"
+    assert event["log_tail"].splitlines()[0] == (
+        "Running entrypoint for job job-1: python -m airflow_provider_raytpu.workloads.train --config "
+        "'<JSON with keys: wandb_api_key, lr>' --datasets '{}'")
+    assert SECRET not in capfd.readouterr().out
 
 
-async def test_lines_held_until_the_next_save_are_written_once_by_the_next_trigger(
-        jobs: JobsStub, kube: FakeKubeApiServer, task_instance: SimpleNamespace,
-        capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The position is saved before the lines up to it are written: a triggerer that stops while lines
-    wait for the next save has written none of them, and the next trigger writes them."""
-    from airflow.sdk.execution_time.xcom import XCom
-
-    monkeypatch.setattr(ray_job, "OFFSET_SAVE_SECONDS", 3600.0)
-    jobs.add("a", "job-1", log=lines(0, 5))
-    first = trigger("a", "job-1")
-    first.task_instance = task_instance
-    task = asyncio.create_task(first_event(first))
-    await asyncio.to_thread(kube.wait_for, lambda: first.logged_chars == len(lines(0, 5)), 10)  # the first save is due
-    jobs.append("a", "job-1", lines(5, 9))
-    await asyncio.to_thread(kube.wait_for, lambda: "line 8\n" in first._unwritten, 10)  # read, waiting for a save
-    task.cancel()  # the triggerer stops
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await close_loop_shared()
-    assert written(capfd) == [f"line {i}" for i in range(5)]
-    assert XCom.get_one(key=LOG_OFFSET_KEY, dag_id=task_instance.dag_id, task_id="job", run_id=task_instance.run_id,
-                        map_index=-1) == {"submission_id": "job-1", "logged_chars": len(lines(0, 5))}
-
-    second = trigger("a", "job-1")
-    second.task_instance = task_instance
-    task = asyncio.create_task(first_event(second))
-    await asyncio.to_thread(kube.wait_for, lambda: second.logged_chars == len(lines(0, 9)), 10)
-    jobs.finish("a", "job-1")
-    assert (await task)["status"] == "SUCCEEDED"
-    assert written(capfd) == [f"line {i}" for i in range(5, 9)]
+async def test_a_dashboard_unreachable_for_longer_than_the_grace_ends_the_wait(
+        jobs: JobsStub, kube: FakeKubeApiServer, capfd: pytest.CaptureFixture[str]) -> None:
+    jobs.add("a", "job-1", log=lines(0, 3))
+    kube.inject(None, r"/services/a-head-svc:dashboard/proxy/", 503, times=None)
+    event = await first_event(trigger("a", "job-1", unreachable_grace_period=3))
+    assert event["status"] == "ERROR"
+    assert re.fullmatch(r"Ray job job-1: the dashboard of RayCluster ml/a unreachable for [34] s, longer than its "
+                        r"grace of 3 s: GET /api/jobs/ on the dashboard of RayCluster ml/a answered 503: .*",
+                        event["message"], re.DOTALL), event["message"]
+    out = capfd.readouterr().out
+    assert "Ray job job-1: the dashboard of RayCluster ml/a unreachable for 0 s (GET /api/jobs/" in out
+    assert "trying for up to 3 s more" in out
 
 
-async def test_lines_whose_save_fails_wait_for_a_later_save(
-        jobs: JobsStub, kube: FakeKubeApiServer, task_instance: SimpleNamespace,
-        capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stopping triggerer's saves fail (its connection to the supervisor is closing): lines whose
-    position could not be saved are not written then, so the next trigger writes them once; after
-    SAVE_FAILURES_BEFORE_WRITING failures in a row the log goes on regardless."""
-    monkeypatch.setattr(ray_job, "OFFSET_SAVE_SECONDS", 0.5)
-    jobs.add("a", "job-1", log=lines(0, 5))
-    first = trigger("a", "job-1")
-    first.task_instance = SimpleNamespace(**{**vars(task_instance), "run_id": "no-such-run"})
-    task = asyncio.create_task(first_event(first))
-    await asyncio.to_thread(kube.wait_for, lambda: first._failed_saves >= 1, 10)
-    assert written(capfd) == []
-    await asyncio.to_thread(kube.wait_for, lambda: first.logged_chars == len(lines(0, 5)), 10)
-    assert first._failed_saves >= ray_job.SAVE_FAILURES_BEFORE_WRITING
-    jobs.finish("a", "job-1")
-    assert (await task)["status"] == "SUCCEEDED"
-    assert written(capfd) == [f"line {i}" for i in range(5)]
+@pytest.mark.parametrize(("try_number", "retried"), [(1, True), (3, False)])
+def test_a_task_that_gives_up_stops_its_job_only_on_its_last_try(
+        jobs: JobsStub, try_number: int, retried: bool) -> None:
+    from airflow.sdk.exceptions import AirflowException
+
+    from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
+
+    jobs.add("a", "job-1", log=lines(0, 3))
+    task = SubmitRayJobOperator(task_id="job", cluster_name="a", entrypoint="python job.py", retries=2)
+    ti = SimpleNamespace(dag_id="d", run_id="r", task_id="job", map_index=-1, try_number=try_number, max_tries=2)
+    given_up = {"status": "ERROR", "submission_id": "job-1",
+                "message": "Ray job job-1: the dashboard of RayCluster ml/a unreachable for 601 s"}
+    with pytest.raises(AirflowException, match="Gave up following Ray job job-1") as raised:
+        task.execute_complete({"ti": ti}, given_up)
+    assert ("it was not stopped: the next try reattaches to it" in str(raised.value)) is retried
+    assert jobs.requests[("a", "stop")] == (0 if retried else 1)
+    assert jobs.jobs["a"]["job-1"].status == ("RUNNING" if retried else "STOPPED")
+
+
+def test_a_half_open_dashboard_does_not_hang_a_synchronous_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dashboard that accepts connections and never answers (a half-open connection): Ray's own client would
+    wait for ever; every synchronous request here has a timeout, and the call gives up after its grace."""
+    import socket
+    import threading
+    import time
+
+    from airflow_provider_raytpu.backends import transport
+    from airflow_provider_raytpu.backends.transport import DirectTransport
+    from airflow_provider_raytpu.hooks.outage import DashboardUnreachableError, call_through_outage
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: [held.append(silent.accept()[0]) for _ in range(50)], daemon=True).start()
+    monkeypatch.setattr(transport, "REQUEST_TIMEOUT_SECONDS", 0.5)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    started = time.monotonic()
+    with pytest.raises(DashboardUnreachableError, match=r"the dashboard unreachable for \d s, longer than its grace "
+                                                        r"of 2 s: .*[Tt]imed? ?out"):
+        call_through_outage(lambda: DirectTransport(url).job_client().get_job_info("job-1"), "the dashboard", 2,
+                            logging_to_nowhere())
+    assert time.monotonic() - started < 10
+    assert held, "the connections were accepted, never answered"
+    silent.close()
+
+
+def logging_to_nowhere() -> Any:
+    import logging
+
+    return logging.getLogger("tests.nowhere")
+
+
+async def test_following_jobs_on_100_clusters_leaves_nothing_of_them_behind(
+        kube: FakeKubeApiServer, monkeypatch: pytest.MonkeyPatch, record_property: Any) -> None:
+    """A triggerer runs for weeks: the job board and the HTTP session of every cluster it followed go once the
+    last job on it has ended (here the dashboards are reached at their URLs: one session per cluster)."""
+    import gc
+
+    import psutil
+
+    from airflow_provider_raytpu.backends import transport
+    from airflow_provider_raytpu.backends.loop_shared import loop_shared
+    from tests.kube.conftest import raytpu_connection
+
+    monkeypatch.setattr(transport, "SESSION_LINGER_SECONDS", 0.2)
+    clusters = [f"c{i:03d}" for i in range(100)]
+    rss: list[int] = []
+    with JobsStub() as stub:
+        monkeypatch.setenv("AIRFLOW_CONN_KUBE_TEST", kube.airflow_connection(NAMESPACE))
+        monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(
+            dashboard="url", dashboard_url=f"http://127.0.0.1:{stub.port}/{{cluster_name}}"))
+        for job in ("job-1", "job-2"):  # two rounds: the second shows whether anything accumulates
+            for cluster in clusters:
+                stub.add(cluster, job, log=lines(0, 3))
+            gc.collect()
+            rss.append(psutil.Process().memory_info().rss)
+            tasks = [asyncio.create_task(first_event(trigger(cluster, job))) for cluster in clusters]
+            await asyncio.to_thread(kube.wait_for, lambda: stub.open_tails == 100, 30)
+            shared = loop_shared()
+            sessions = [shared.peek(key) for key in shared.keys() if key[0] == "http-session"]
+            boards = [key for key in shared.keys() if key[0] == "job-board"]
+            assert (len(sessions), len(boards)) == (100, 100), "one session and one board per cluster while followed"
+            for cluster in clusters:
+                stub.finish(cluster, job, text="done\n")
+            events = await asyncio.gather(*tasks)
+            assert {e["status"] for e in events} == {"SUCCEEDED"}
+            await asyncio.sleep(0.5)  # past the sessions' linger
+            left = [key for key in shared.keys() if key[0] in ("http-session", "job-board")]
+            assert left == [], f"kept for clusters no longer followed: {left[:5]}"
+            assert all(session.closed for session in sessions)
+            assert not shared._locks.keys() & {("job-board", "raytpu_default", NAMESPACE, c) for c in clusters}
+        gc.collect()
+        rss.append(psutil.Process().memory_info().rss)
+        record_property("rss_mib_before_first_second_after", [round(r / 2**20, 1) for r in rss])

@@ -28,6 +28,7 @@ from tests.fakekube.kuberay import KubeRayReactor
 from tests.fakekube.server import FakeKubeApiServer
 from tests.kube.conftest import NAMESPACE
 from tests.kube.jobs_stub import JobsStub
+from tests.kube.ray_state_stub import RayStateStub
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -76,6 +77,30 @@ def test_the_cluster_trigger_never_blocks_the_loop(backend: KubeRayBackend, kube
 
     report = probe("airflow_provider_raytpu.triggers.raycluster.RayClusterReadyTrigger", prepare)
     assert report["event"]["status"] == "READY"
+
+
+def test_the_cluster_trigger_confirming_with_ray_never_blocks_the_loop(
+        backend: KubeRayBackend, kube: FakeKubeApiServer, kuberay: KubeRayReactor) -> None:
+    """The same wait, READY confirmed with the pods' webhook variables and Ray's node list (through the proxy)."""
+    tpu = TpuSlice("v6e", "4x4", num_slices=2)
+    kuberay.tpu_webhook = True
+    with RayStateStub(kube, NAMESPACE, tpu.pod_type) as ray:
+        def prepare(run: int) -> tuple[dict[str, Any], Callable[[], None]]:
+            name = f"confirm-{run}"
+            kuberay.set_mode("hold", cluster=name, namespace=NAMESPACE)
+            backend.apply_cluster(build_ray_cluster(name=name, namespace=NAMESPACE, tpu=tpu))
+            kube.register_service_proxy(NAMESPACE, f"{name}-head-svc", "dashboard", ray.url_for(name))
+
+            def turn_ready() -> None:
+                kube.wait_for(lambda: kube.open_watches == 1, 60)
+                kuberay.set_mode("auto", cluster=name, namespace=NAMESPACE)
+
+            return {"cluster_name": name, "namespace": NAMESPACE, "raytpu_conn_id": "raytpu_default",
+                    "deadline": time.time() + 600, "poll_interval": 1.0, "confirm_with_ray": True}, turn_ready
+
+        report = probe("airflow_provider_raytpu.triggers.raycluster.RayClusterReadyTrigger", prepare)
+    assert report["event"]["status"] == "READY"
+    assert report["event"]["cluster"]["ray_hosts"] == 8 and sum(ray.requests.values()) >= 1
 
 
 def test_the_service_trigger_never_blocks_the_loop(connections: None, kube: FakeKubeApiServer) -> None:

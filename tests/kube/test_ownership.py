@@ -139,3 +139,103 @@ with DAG("sweep", schedule=None, start_date=datetime(2026, 1, 1)):
     outcome = run_dag(airflow_home, sweep, "sweep", logical_date=LOGICAL_DATE)
     assert outcome["delete_all_of_this_run"].result["cluster_names"] == []
     assert cluster_names(kube) == ["chat-x7k2p"]
+
+
+def test_a_named_teardown_leaves_an_overlapping_runs_cluster_alone_unless_forced(
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer, kuberay: KubeRayReactor,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """Two overlapping runs of a DAG with a literal cluster_name: run 2's create conflicts, and its all_done
+    teardown must not delete run 1's cluster mid-training."""
+    from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin, build_ray_cluster
+    from airflow_provider_raytpu.tpu import TpuSlice
+
+    first_run = "scheduled__2026-12-01T00:00:00+00:00"
+    kube.create_object(build_ray_cluster(name="nightly", namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x2"),
+                                         origin=AirflowOrigin("overlap", first_run, "create_cluster")))
+    before = kube.get_object("rayclusters", NAMESPACE, "nightly")
+    named = "cluster_name='nightly'"
+    by_name = ("delete = DeleteRayClusterOperator(task_id='delete_cluster', cluster_name='nightly'{force})\n"
+               "    create >> delete.as_teardown(setups=create)")
+    outcome = run_dag(airflow_home, source("overlap", named, by_name.format(force="")), "overlap",
+                      logical_date=LOGICAL_DATE)
+    assert outcome["create_cluster"].state == "failed"
+    assert outcome["delete_cluster"].state == "success"
+    assert outcome["delete_cluster"].result == {"cluster_name": "nightly", "cluster_names": [], "namespace": NAMESPACE,
+                                                "deleted": False, "skipped": ["nightly"]}
+    assert kube.count("DELETE", CLUSTERS) == 0
+    assert kube.get_object("rayclusters", NAMESPACE, "nightly")["metadata"]["uid"] == before["metadata"]["uid"]
+    log = capfd.readouterr().out
+    assert (f"Not deleting RayCluster ml/nightly: it belongs to DAG 'overlap', run '{first_run}', task "
+            "'create_cluster', not to task(s) create_cluster of this DAG run. It may still be in use; pass "
+            "force=True to delete it anyway") in log
+
+    forced = run_dag(airflow_home, source("overlap", named, by_name.format(force=", force=True")), "overlap",
+                     logical_date=LOGICAL_DATE.replace(day=3))
+    assert forced["delete_cluster"].result["deleted"] is True
+    assert cluster_names(kube) == []
+
+
+def test_a_named_teardown_of_a_cluster_this_provider_did_not_make_leaves_it_alone(
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer, kuberay: KubeRayReactor,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    from airflow_provider_raytpu.manifests.raycluster import MANAGED_BY_LABEL, build_ray_cluster
+    from airflow_provider_raytpu.tpu import TpuSlice
+
+    theirs = build_ray_cluster(name="hand-made", namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x2"))
+    del theirs["metadata"]["labels"][MANAGED_BY_LABEL]
+    kube.create_object(theirs)
+    sweep = '''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.raycluster import DeleteRayClusterOperator
+
+with DAG("hand_made", schedule=None, start_date=datetime(2026, 1, 1)):
+    DeleteRayClusterOperator(task_id="delete_cluster", cluster_name="hand-made")
+'''
+    outcome = run_dag(airflow_home, sweep, "hand_made", logical_date=LOGICAL_DATE)
+    assert outcome["delete_cluster"].result["skipped"] == ["hand-made"]
+    assert cluster_names(kube) == ["hand-made"]
+    assert "it belongs to no task of this provider (it has no managed-by label)" in capfd.readouterr().out
+
+
+MAPPED = '''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator, DeleteRayClusterOperator
+
+with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), default_args={{"retries": 0}}):
+    create = CreateRayClusterOperator.partial(task_id="create_cluster", accelerator="v6e", {name}).expand(
+        topology=["2x2", "2x2"])
+    delete = DeleteRayClusterOperator(task_id="delete_cluster")
+    create >> delete.as_teardown(setups=create)
+'''
+
+
+def test_map_indexes_that_resolve_to_one_explicit_name_conflict_naming_both(
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer, kuberay: KubeRayReactor,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    outcome = run_dag(airflow_home, MAPPED.format(dag_id="mapped_named", name="cluster_name='shared'"),
+                      "mapped_named", logical_date=LOGICAL_DATE)
+    states = sorted(outcome[f"create_cluster[{i}]"].state for i in (0, 1))
+    assert states == ["failed", "success"], "one map index made the cluster; the other did not adopt it"
+    won = next(i for i in (0, 1) if outcome[f"create_cluster[{i}]"].state == "success")
+    log = capfd.readouterr().out
+    run_id = f"manual__{LOGICAL_DATE.isoformat()}"
+    assert (f"RayCluster 'shared' in namespace 'ml' belongs to DAG 'mapped_named', run '{run_id}', task "
+            f"'create_cluster', map index {won}, not to this task (DAG 'mapped_named', run '{run_id}', task "
+            f"'create_cluster', map index {1 - won})") in log
+    assert "Two map indexes of one mapped task resolve to this name" in log
+    assert outcome["delete_cluster"].result["cluster_names"] == ["shared"]
+
+
+def test_each_map_index_of_a_mapped_create_gets_and_tears_down_its_own_cluster(
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer, kuberay: KubeRayReactor) -> None:
+    outcome = run_dag(airflow_home, MAPPED.format(dag_id="mapped_default", name=""), "mapped_default",
+                      logical_date=LOGICAL_DATE)
+    names = [outcome[f"create_cluster[{i}]"].result["cluster_name"] for i in (0, 1)]
+    assert len(set(names)) == 2
+    for i, name in enumerate(names):
+        assert outcome[f"create_cluster[{i}]"].state == "success"
+        assert kube.count("DELETE", f"{CLUSTERS}/{name}$") == 1
+    assert sorted(outcome["delete_cluster"].result["cluster_names"]) == sorted(names)
+    assert cluster_names(kube) == []

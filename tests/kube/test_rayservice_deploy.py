@@ -100,7 +100,7 @@ def test_rollback_promotes_the_previous_version_and_a_retry_keeps_it(airflow_hom
     assert (dag_id, task_id, version) == ("rollback", "rollback", "gs://b/ckpt-1")
     # A retry of the same task (same run) must not toggle back to ckpt-2.
     links: dict[str, Any] = {}
-    ti = SimpleNamespace(dag_id="rollback", run_id=run_id, task_id="rollback",
+    ti = SimpleNamespace(dag_id="rollback", run_id=run_id, task_id="rollback", map_index=-1,
                          xcom_push=lambda key, value: links.__setitem__(key, value))
     retry = RollbackRayServiceOperator(task_id="rollback", service_name="chat")
     puts = kube.count("PUT", SERVICES + "/chat$")
@@ -176,7 +176,51 @@ def test_backend_conflicts_and_permissions(backend: KubeRayBackend, kube: FakeKu
 
 
 def test_delete_operator_succeeds_when_gone(connections: None, kube: FakeKubeApiServer) -> None:
-    context: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="delete")}
+    context: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="delete", map_index=-1)}
     delete = DeleteRayServiceOperator(task_id="delete", service_name="chat", wait_for_deletion=True, poll_interval=0.1)
     assert delete.execute(context) == {"service_name": "chat", "service_names": ["chat"], "namespace": NAMESPACE,
-                                       "deleted": False}
+                                       "deleted": False, "skipped": []}
+
+
+def test_each_map_index_of_an_expanded_deploy_gets_its_own_rayservice(airflow_home: Path, connections: None,
+                                                                      kube: FakeKubeApiServer) -> None:
+    source = f'''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.rayservice import DeployRayServiceOperator
+
+with DAG("serve_models", schedule=None, start_date=datetime(2026, 1, 1), default_args={{"retries": 0}}):
+    DeployRayServiceOperator.partial(task_id="deploy", applications=[{LLM_APP!r}], accelerator="v6e",
+                                     topology="4x4").expand(version=["gs://b/model-a", "gs://b/model-b"])
+'''
+    first = run_dag(airflow_home, source, "serve_models")
+    references = [first[f"deploy[{i}]"].result for i in (0, 1)]
+    names = [reference["service_name"] for reference in references]
+    assert len(set(names)) == 2, "map indexes 0 and 1 replaced each other's applications"
+    assert [reference["previous_version"] for reference in references] == [None, None]
+    for i, (name, version) in enumerate(zip(names, ["gs://b/model-a", "gs://b/model-b"])):
+        notes = kube.get_object("rayservices", NAMESPACE, name)["metadata"]["annotations"]
+        assert (notes[MODEL_VERSION_ANNOTATION], notes["raytpu.dev/map-index"]) == (version, str(i))
+        assert json.loads(notes["raytpu.dev/version-history"]) == [version]
+    again = run_dag(airflow_home, source, "serve_models")
+    assert [again[f"deploy[{i}]"].result["service_name"] for i in (0, 1)] == names, "later runs promote the same"
+    assert kube.count("POST", SERVICES + "$") == 2
+
+
+def test_a_named_delete_leaves_another_dags_rayservice_alone(airflow_home: Path, connections: None,
+                                                           kube: FakeKubeApiServer,
+                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    run_dag(airflow_home, dag("owner_dag"), "owner_dag")
+    source = '''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.rayservice import DeleteRayServiceOperator
+
+with DAG("other_dag", schedule=None, start_date=datetime(2026, 1, 1)):
+    DeleteRayServiceOperator(task_id="delete", service_name="chat")
+'''
+    outcome = run_dag(airflow_home, source, "other_dag")
+    assert outcome["delete"].result["skipped"] == ["chat"]
+    assert kube.get_object("rayservices", NAMESPACE, "chat") is not None
+    assert kube.count("DELETE", SERVICES) == 0
+    assert "Not deleting RayService ml/chat: it belongs to DAG 'owner_dag'" in capfd.readouterr().out

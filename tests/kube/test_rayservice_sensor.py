@@ -4,6 +4,7 @@ transient and persistent trouble, reschedule mode."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
+from airflow_provider_raytpu.backends.loop_shared import close_loop_shared
 from airflow_provider_raytpu.manifests.rayservice import build_ray_service, cluster_version
 from airflow_provider_raytpu.status import ServicePhase
 from airflow_provider_raytpu.tpu import TpuSlice
@@ -200,10 +202,15 @@ def test_trigger_serialization_round_trips() -> None:
 async def test_trigger_fires_gone_and_poke_mode_works(backend: KubeRayBackend, controller: RayServiceController,
                                                       airflow_home: Path, kube: FakeKubeApiServer) -> None:
     trigger = RayServiceRunningTrigger("chat", NAMESPACE, "raytpu_default", time.time() + 30, None, None, 0.5)
-    async for event in trigger.run():
-        assert event.payload["status"] == ServicePhase.GONE.value
-        break
-    kube.clear_log()  # the trigger's informer listed and may have started its watch
+    events = trigger.run()
+    event = await anext(events)
+    # Closed now, not whenever the generator is collected: the trigger leaves its informer, whose watch
+    # stops; a request of it still on the wire lands before the log is cleared.
+    await events.aclose()
+    await close_loop_shared()
+    await asyncio.sleep(0.5)
+    assert event.payload["status"] == ServicePhase.GONE.value
+    kube.clear_log()
     deploy_v1_running(backend, controller)
     outcome = run_dag(airflow_home, dag("poke", deploy=None, sensor="deferrable=False"), "poke")
     assert outcome["wait_running"].state == "success"

@@ -106,6 +106,39 @@ def test_an_expired_cluster_stops_by_itself_and_the_janitor_removes_it(
         local_backend.delete_cluster("expiring", "default")
 
 
+RENEWED = '''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
+
+with DAG("local_renewal", schedule=None, start_date=datetime(2026, 1, 1)):
+    CreateRayClusterOperator(task_id="create_cluster", cluster_name="renewed", accelerator="v4", topology="2x2x1",
+                             max_lifetime=LIFETIME)
+'''
+
+
+def test_a_create_that_adopts_its_cluster_renews_its_expiry(
+        airflow_home: Path, local_backend: LocalBackend, raytpu_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Clear of the create task adopts the cluster: its supervisor keeps it past the old expiry."""
+    monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", json.dumps(
+        {"conn_type": "raytpu", "extra": {"backend": "local", "local_home": str(raytpu_home)}}))
+    logical_date = datetime(2026, 12, 2, tzinfo=timezone.utc)
+    try:
+        first = run_dag(airflow_home, RENEWED.replace("LIFETIME", "25"), "local_renewal", logical_date=logical_date)
+        assert first["create_cluster"].state == "success"
+        supervisor = local_backend.supervisor("renewed", "default")["pid"]
+        again = run_dag(airflow_home, RENEWED.replace("LIFETIME", "3600"), "local_renewal", logical_date=logical_date)
+        assert again["create_cluster"].state == "success"
+        notes = local_backend.get_cluster("renewed", "default")["metadata"]["annotations"]
+        assert notes["raytpu.dev/expires-at"] > (datetime.now(timezone.utc) + timedelta(minutes=55)).strftime(
+            "%Y-%m-%dT%H:%M:%SZ")
+        time.sleep(35)  # past the first expiry
+        assert alive([supervisor]), "the supervisor kept the adopted cluster"
+        assert local_backend.cluster_status("renewed", "default").phase is not Phase.FAILED
+    finally:
+        local_backend.delete_cluster("renewed", "default")
+
+
 def test_a_supervisor_whose_state_directory_is_removed_stops_its_cluster(local_backend: LocalBackend) -> None:
     """A killed test run's temp home removed from under a running cluster: nothing of it runs on."""
     local_backend.apply_cluster(build_ray_cluster(name="orphan", namespace="default", tpu=TpuSlice("v4", "2x2x1")))

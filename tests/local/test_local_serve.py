@@ -247,8 +247,10 @@ def test_a_stuck_deployment_fails_at_deploying_timeout_with_a_diagnosis(
 def test_delete_removes_the_service_and_its_cluster(serve_backend: LocalServices) -> None:
     status = serve_backend.service_status(SERVICE, NAMESPACE)
     assert status.phase is ServicePhase.DEPLOYING
-    context: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="delete")}
-    delete = DeleteRayServiceOperator(task_id="delete", service_name=SERVICE, wait_for_deletion=True)
+    context: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="delete", map_index=-1)}
+    # The service was applied by the test, not by a task of DAG 'd': only force deletes it.
+    assert DeleteRayServiceOperator(task_id="delete", service_name=SERVICE).execute(context)["skipped"] == [SERVICE]
+    delete = DeleteRayServiceOperator(task_id="delete", service_name=SERVICE, wait_for_deletion=True, force=True)
     assert delete.execute(context)["deleted"] is True
     assert serve_backend.get_service(SERVICE, NAMESPACE) is None
     assert serve_backend.backend.get_cluster(local_cluster_name(SERVICE), NAMESPACE) is None

@@ -8,10 +8,7 @@ played, and the retry must reattach instead of starting a second Ray job.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +29,16 @@ from tests.airflow_runner import (
     write_dag,
 )
 from tests.local.conftest import CLUSTER_READY_TIMEOUT, EmulatedCluster, watch_until
+from tests.local.jobs import (
+    PROXIED,
+    behind_the_api_server_proxy,
+    kill_worker,
+    proxied_dag,
+    start_worker,
+    submit_dag,
+    task_jobs,
+    wait_for_job,
+)
 from tests.task_logs import LOADED_SILENCE_LIMIT_SECONDS, captured_output, problems, task_logs
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -58,26 +65,6 @@ def jobs(local_backend: LocalBackend, cluster: EmulatedCluster) -> JobSubmission
     return JobSubmissionClient(local_backend.dashboard(cluster.name, cluster.namespace).url)
 
 
-def task_jobs(jobs: JobSubmissionClient, dag_id: str) -> list:
-    found = [j for j in jobs.list_jobs() if (j.metadata or {}).get("raytpu.dag_id") == dag_id]
-    return sorted(found, key=lambda j: int(j.metadata["raytpu.try_number"]))
-
-
-def submit_dag(dag_id: str, code: str, *, retries: int = 0, deferrable: bool = True) -> str:
-    return f'''
-from datetime import datetime
-from airflow.sdk import DAG
-from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
-
-with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1)):
-    SubmitRayJobOperator(
-        task_id="job", cluster_name="emu", retries={retries}, retry_delay=0, deferrable={deferrable},
-        poll_interval=0.5, entrypoint=["python", "-c", {code!r}],
-        runtime_env={{"env_vars": {{"GREETING": "hello from airflow"}}}},
-    )
-'''
-
-
 def test_result_and_streamed_log(airflow_home: Path, cluster: EmulatedCluster, jobs: JobSubmissionClient,
                                  capfd: pytest.CaptureFixture[str]) -> None:
     code = (
@@ -85,10 +72,14 @@ def test_result_and_streamed_log(airflow_home: Path, cluster: EmulatedCluster, j
         "from airflow_provider_raytpu.workloads.result import report_result\n"
         "for i in range(3):\n"
         "    print('step', i, flush=True); time.sleep(0.5)\n"
-        "report_result({'greeting': os.environ['GREETING'], 'steps': 3})\n"
+        "report_result({'greeting': os.environ['GREETING'], 'steps': 3,\n"
+        "               'airflow_env': sorted(k for k in os.environ if k.startswith('AIRFLOW'))})\n"
     )
     outcome = run_dag(airflow_home, submit_dag("job_result", code), "job_result")["job"]
-    assert (outcome.state, outcome.result) == ("success", {"greeting": "hello from airflow", "steps": 3})
+    # The job has its runtime_env's variables, and none of the Airflow worker's (its connections, its
+    # configuration): the local cluster's dashboard has no authentication.
+    assert (outcome.state, outcome.result) == ("success", {"greeting": "hello from airflow", "steps": 3,
+                                                           "airflow_env": []})
     log = capfd.readouterr().out
     for i in range(3):
         assert log.count(f"[ray job] step {i}") == 1, "each job log line reaches the task log exactly once"
@@ -139,32 +130,17 @@ async def test_each_line_once_across_a_triggerer_restart(cluster: EmulatedCluste
 
 def test_failing_job_fails_the_task_with_its_log_tail(airflow_home: Path, cluster: EmulatedCluster,
                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """Within 50 lines, the tail holds Ray's first line, which repeats the command: its --config shows keys only."""
     code = "import sys\nprint('loading shard 7 of 8')\nprint('ValueError: shard 7 is corrupt', flush=True)\nsys.exit(3)\n"
-    outcome = run_dag(airflow_home, submit_dag("job_fails", code, deferrable=False), "job_fails")["job"]
+    secret = "sk-live-5e4d3c2b1a"
+    config = ("--config", json.dumps({"wandb_api_key": secret, "shards": 8}))
+    outcome = run_dag(airflow_home, submit_dag("job_fails", code, deferrable=False, args=config), "job_fails")["job"]
     assert outcome.state == "failed"
     log = capfd.readouterr().out
     assert "Ray job raytpu-" in log and "FAILED" in log
     assert "--- last 50 log lines ---" in log and "ValueError: shard 7 is corrupt" in log
-
-
-def start_worker(dag_path: Path, dag_id: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.airflow_runner", str(dag_path), dag_id], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def wait_for_job(jobs: JobSubmissionClient, dag_id: str, count: int, status: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = task_jobs(jobs, dag_id)
-        if len(found) >= count and str(found[count - 1].status) == status:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"no {status} job #{count} for {dag_id}: {task_jobs(jobs, dag_id)}")
-
-
-def kill_worker(worker: subprocess.Popen) -> None:
-    os.killpg(worker.pid, signal.SIGKILL)
-    worker.wait(30)
+    assert "--config '<JSON with keys: wandb_api_key, shards>'" in log
+    assert secret not in log
 
 
 def test_worker_killed_mid_job_retry_reattaches(airflow_home: Path, cluster: EmulatedCluster,
@@ -172,11 +148,13 @@ def test_worker_killed_mid_job_retry_reattaches(airflow_home: Path, cluster: Emu
     code = "import time\nfrom airflow_provider_raytpu.workloads.result import report_result\n" \
            "time.sleep(12)\nreport_result({'done': True})\n"
     ensure_airflow_db()
-    path = write_dag(airflow_home, submit_dag("job_reattach", code, retries=1, deferrable=False), "job_reattach")
+    path = write_dag(airflow_home, submit_dag("job_reattach", code, retries=2, deferrable=False), "job_reattach")
     worker = start_worker(path, "job_reattach")
     wait_for_job(jobs, "job_reattach", 1, "RUNNING")
     kill_worker(worker)
     run_id = lose_worker("job_reattach", "job")
+    # Meanwhile the DAG's author lowers retries: try 2 is still a retry (its task instance says so), not a Clear.
+    write_dag(airflow_home, submit_dag("job_reattach", code, retries=1, deferrable=False), "job_reattach")
     outcome = resume_dag_run(path, "job_reattach", run_id)["job"]
     assert (outcome.state, outcome.try_number, outcome.result) == ("success", 2, {"done": True})
     (only,) = task_jobs(jobs, "job_reattach")
@@ -207,38 +185,63 @@ def test_jobs_through_the_api_server_service_proxy(airflow_home: Path, cluster: 
                                                   capfd: pytest.CaptureFixture[str]) -> None:
     """Backend kubernetes: every Jobs API call (package upload, submit, status, logs) goes through the
     API server's service proxy with the Kubernetes client's own TLS and token, and no credential leaks."""
-    from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
-    from airflow_provider_raytpu.tpu import TpuSlice
-    from tests.fakekube.kuberay import KubeRayReactor
-    from tests.fakekube.server import FakeKubeApiServer
-
-    with FakeKubeApiServer(tls=True) as kube, KubeRayReactor(kube, delay=0.1, stagger=0.01):
-        # The RayCluster as KubeRay reports it (the job task checks it is ready), its head Service proxied here.
-        kube.create_object(build_ray_cluster(name="emu", namespace="ml", tpu=TpuSlice("v4", "2x2x2")))
-        kube.wait_for(lambda: kube.get_object("services", "ml", "emu-head-svc"), 10)
-        kube.register_service_proxy("ml", "emu-head-svc", "dashboard",
-                                    local_backend.dashboard(cluster.name, cluster.namespace).url)
-        monkeypatch.setenv("AIRFLOW_CONN_KUBE_PROXY", kube.airflow_connection("ml"))
-        monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_K8S", json.dumps(
-            {"conn_type": "raytpu", "extra": {"backend": "kubernetes", "kubernetes_conn_id": "kube_proxy",
-                                              "namespace": "ml"}}))
+    with behind_the_api_server_proxy(local_backend, cluster, monkeypatch) as kube:
         code = "from airflow_provider_raytpu.workloads.result import report_result\n" \
                "print('via the proxy', flush=True)\nreport_result({'proxied': True})\n"
-        source = submit_dag("job_proxied", code).replace('cluster_name="emu",', 'cluster_name="emu", raytpu_conn_id="raytpu_k8s",')
-        outcome = run_dag(airflow_home, source, "job_proxied")["job"]
-        proxied = r"/api/v1/namespaces/ml/services/emu-head-svc:dashboard/proxy/api/"
-        # The package is content-addressed: an earlier test may have uploaded it, so Ray only checks for it.
-        package_calls = kube.count(None, proxied + "packages/")
-        submits = kube.count("POST", proxied + r"jobs/$")
-        status_lists = kube.count("GET", proxied + r"jobs/$")
-        downloads = kube.count("GET", proxied + r"jobs/raytpu-[^/]+/logs$")
+        outcome = run_dag(airflow_home, proxied_dag("job_proxied", code), "job_proxied")["job"]
+        package_calls = kube.count(None, PROXIED + "packages/")
+        submits = kube.count("POST", PROXIED + r"jobs/$")
+        status_lists = kube.count("GET", PROXIED + r"jobs/$")
+        downloads = kube.count("GET", PROXIED + r"jobs/raytpu-[^/]+/logs$")
         streams = kube.proxy.websockets
     assert (outcome.state, outcome.result) == ("success", {"proxied": True})
+    # The package is content-addressed: an earlier test may have uploaded it, so Ray only checks for it.
     assert package_calls >= 1 and submits == 1 and status_lists >= 2
     assert (streams, downloads) == (1, 0), "Ray's log tail streams through the proxy; the log is never downloaded"
     log = capfd.readouterr().out
     assert "[ray job] via the proxy" in log
     assert kube.token not in log and kube.token not in json.dumps(outcome.result)
+
+
+def test_a_job_is_followed_through_90_s_of_an_unreachable_dashboard(
+        airflow_home: Path, cluster: EmulatedCluster, local_backend: LocalBackend, jobs: JobSubmissionClient,
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """The API server's proxy to the dashboard answers 503 for 30 s while the task submits (its synchronous
+    calls), and for 60 s more while the trigger follows the running job: the task succeeds, each line once."""
+    import threading
+
+    code = ("import time\nfrom airflow_provider_raytpu.workloads.result import report_result\n"
+            "for i in range(30):\n    print(f'tick {i:02d}', flush=True)\n    time.sleep(1)\n"
+            "report_result({'ticks': 30})\n")
+    with behind_the_api_server_proxy(local_backend, cluster, monkeypatch) as kube:
+        seen: dict[str, list] = {}
+
+        def outages() -> None:
+            time.sleep(30)
+            seen["during the first outage"] = task_jobs(jobs, "job_outage")
+            kube.clear_faults()
+            wait_for_job(jobs, "job_outage", 1, "RUNNING", timeout=60)
+            time.sleep(5)  # the trigger follows the job
+            kube.inject(None, PROXIED, 503, times=None, message="no endpoints available for service")
+            time.sleep(60)
+            kube.clear_faults()
+
+        kube.inject(None, PROXIED, 503, times=None, message="no endpoints available for service")
+        faults = threading.Thread(target=outages, daemon=True)
+        faults.start()
+        outcome = run_dag(airflow_home, proxied_dag("job_outage", code, retries=0), "job_outage")  # the main thread
+        faults.join(30)
+    assert seen["during the first outage"] == [], "nothing reached the dashboard during the first outage"
+    assert (outcome["job"].state, outcome["job"].try_number, outcome["job"].result) == ("success", 1, {"ticks": 30})
+    captured = capfd.readouterr()
+    log = captured.out
+    assert problems(log, captured.err, task_instances(outcome), limit=LOADED_SILENCE_LIMIT_SECONDS) == {}
+    assert [line for line in re.findall(r"\[ray job\] (tick \d\d)", log)] == [f"tick {i:02d}" for i in range(30)]
+    assert "the dashboard of RayCluster ml/emu unreachable for 0 s (answered 503:" in log
+    assert re.search(r"Ray job raytpu-\S+: the dashboard of RayCluster ml/emu unreachable for \d+ s \(", log)
+    assert re.search(r"The dashboard of RayCluster ml/emu answers again after (2\d|3\d) s", log), "the sync outage"
+    assert not re.search(r"status not read yet", log), "while unreachable, the log says so"
+    assert re.search(r"Ray job raytpu-\S+: the dashboard of RayCluster ml/emu answers again after [56]\d s", log)
 
 
 def test_a_job_that_exits_on_bad_input_fails_without_retries(airflow_home: Path, cluster: EmulatedCluster,
@@ -302,7 +305,8 @@ def test_one_connection_lookup_and_one_backend_per_task(airflow_home: Path, clus
             monkeypatch.setenv("AIRFLOW_CONN_GCP_TEST", google.gcp_connection("tpu-project"))
             monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_GKE", json.dumps({"conn_type": "raytpu", "extra": {
                 "backend": "gke", "gcp_conn_id": "gcp_test", "project_id": "tpu-project", "location": "us-east5",
-                "cluster": "tpu-cluster", "namespace": "ml", "gke_api_endpoint": google.url}}))
+                "cluster": "tpu-cluster", "namespace": "ml", "gke_api_endpoint": google.url,
+                "confirm_with_ray": False}}))  # the fake API's pods are not the emulated cluster's hosts
             source = f'''
 from datetime import datetime
 from airflow.sdk import DAG

@@ -36,14 +36,15 @@ CONFIG = {"seed": 11, "total_steps": 30, "checkpoint_every": 5, "eval_dataset": 
 
 @pytest.fixture(scope="module")
 def emulated_cluster(local_backend: LocalBackend, fake_gcs: GcsStorage, raytpu_home: Path) -> Iterator[EmulatedCluster]:
-    """A v4 2x2x2 slice whose hosts reach the fake GCS, behind the ``raytpu_default`` connection."""
+    """A v6e 2x4 slice of two 4-chip hosts (GKE's two ct6e-standard-4t; Ray's own rule would assume one
+    8-chip host) whose hosts reach the fake GCS, behind the ``raytpu_default`` connection."""
     import asyncio
 
     patch = pytest.MonkeyPatch()
     patch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     patch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT",
                  json.dumps({"conn_type": "raytpu", "extra": {"backend": "local", "local_home": str(raytpu_home)}}))
-    manifest = build_ray_cluster(name="train", namespace="default", tpu=TpuSlice("v4", "2x2x2"))
+    manifest = build_ray_cluster(name="train", namespace="default", tpu=TpuSlice("v6e", "2x4", chips_per_host=4))
     result = local_backend.apply_cluster(manifest)
     asyncio.run(watch_until(local_backend, "train", "default", lambda s: s.phase is Phase.READY, CLUSTER_READY_TIMEOUT))
     yield EmulatedCluster("train", "default", manifest, result.action.value)
@@ -75,7 +76,7 @@ with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1)):
                            transform="pipeline.transforms:normalise", runtime_env=ship, poll_interval=0.5)
     train = JaxTrainerOperator(
         task_id="train", cluster_name="train", train_loop="pipeline.train_loop:train_loop_per_worker",
-        checkpoint_uri={checkpoints!r}, config={CONFIG!r}, accelerator="v4", topology="2x2x2",
+        checkpoint_uri={checkpoints!r}, config={CONFIG!r}, accelerator="v6e", topology="2x4", chips_per_host=4,
         datasets={{"eval": "{{{{ ti.xcom_pull('preprocess')['output_uri'] }}}}"}}, batch_size=32, ragged_policy="pad",
         runtime_env=ship, retries={retries}, retry_delay=0, deferrable=False, poll_interval=0.5,
         profile_steps={profile!r},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from datetime import datetime, timezone
 from typing import Any
 
@@ -45,20 +47,50 @@ def spec_hash_of(manifest: dict[str, Any]) -> str:
     return manifest["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
 
 
-# The spec hashes of fa61dc7 (before the options became one value). A RayCluster or RayService made
-# by an older release must be adopted by a retry after an upgrade: change these only with a migration.
+# The spec hashes of fa61dc7 (before the options became one value) and of release 0.1. A RayCluster or
+# RayService made by an older release must be adopted by a retry after an upgrade: change these only with a
+# migration (since 0.2: TPU hosts sized from their machine type, the v6e multi-host env and port; an object
+# of 0.1 is adopted through raytpu.dev/also-adopts).
+RELEASE_0_1 = ("7c81c600dd7c5c47", "855b4184db9badf7", "a28bd3cc63774e34", "0dd9b3b369449bb9")
+
+
+def test_objects_of_release_0_1_are_adopted() -> None:
+    from airflow_provider_raytpu.backends.apply import same_service, same_spec
+    from airflow_provider_raytpu.manifests.raycluster import ALSO_ADOPTS_ANNOTATION
+
+    two_spot = TpuSlice("v6e", "4x4", num_slices=2, spot=True)
+    manifests = [
+        build_ray_cluster(name="nightly", namespace="ml", tpu=TpuSlice("v6e", "4x4")),
+        build_ray_cluster(name="nightly", namespace="ml", tpu=two_spot, options=EVERY_OPTION, origin=ORIGIN,
+                          expires_at=datetime(2026, 12, 2, tzinfo=timezone.utc)),
+        build_ray_service(name="chat", namespace="ml", tpu=TpuSlice("v6e", "4x4"), applications=[LLM_APP],
+                          version="gs://b/ckpt-1"),
+        build_ray_service(name="chat", namespace="ml", tpu=two_spot, applications=[LLM_APP], version="gs://b/ckpt-1",
+                          options=EVERY_OPTION, origin=ORIGIN, cluster_deletion_delay_seconds=120),
+    ]
+    for manifest, old_hash in zip(manifests, RELEASE_0_1):
+        made_by_0_1 = copy.deepcopy(manifest)
+        notes = made_by_0_1["metadata"]["annotations"]
+        notes.pop(ALSO_ADOPTS_ANNOTATION, None)
+        notes[SPEC_HASH_ANNOTATION] = old_hash
+        same = same_service if manifest["kind"] == "RayService" else same_spec
+        assert same(made_by_0_1, manifest), f"a {manifest['kind']} of release 0.1 ({old_hash}) is adopted"
+        notes[SPEC_HASH_ANNOTATION] = "0123456789abcdef"
+        assert not same(made_by_0_1, manifest)
+
+
 def test_spec_hashes_are_pinned_for_fixed_inputs() -> None:
     two_spot = TpuSlice("v6e", "4x4", num_slices=2, spot=True)
     assert spec_hash_of(build_ray_cluster(name="nightly", namespace="ml", tpu=TpuSlice("v6e", "4x4"))) == (
-        "7c81c600dd7c5c47")
+        "ce4340ebb252614c")
     assert spec_hash_of(build_ray_cluster(name="nightly", namespace="ml", tpu=two_spot, options=EVERY_OPTION,
                                           origin=ORIGIN, expires_at=datetime(2026, 12, 2, tzinfo=timezone.utc))) == (
-        "855b4184db9badf7")
+        "af6b07c94073cd75")
     assert spec_hash_of(build_ray_service(name="chat", namespace="ml", tpu=TpuSlice("v6e", "4x4"),
-                                          applications=[LLM_APP], version="gs://b/ckpt-1")) == "a28bd3cc63774e34"
+                                          applications=[LLM_APP], version="gs://b/ckpt-1")) == "e14b8ef8d652d425"
     assert spec_hash_of(build_ray_service(name="chat", namespace="ml", tpu=two_spot, applications=[LLM_APP],
                                           version="gs://b/ckpt-1", options=EVERY_OPTION, origin=ORIGIN,
-                                          cluster_deletion_delay_seconds=120)) == "0dd9b3b369449bb9"
+                                          cluster_deletion_delay_seconds=120)) == "fc5223bac59adf1d"
 
 
 def test_flat_options_move_into_one_dict_and_other_arguments_stay() -> None:

@@ -113,3 +113,112 @@ def test_deferrable_follows_airflows_default_deferrable(tmp_path: Path, monkeypa
         dag = parse(tmp_path, body).dags["deferrable"]
         assert {t.task_id: t.deferrable for t in dag.tasks} == {
             "ready": expected, "running": expected, "train": expected, "explicit": True}
+
+
+@pytest.mark.parametrize(("input_uri", "output_uri", "said"), [
+    ("gs://b/raw", "gs://b/raw/", "output_uri='gs://b/raw/': is the same location as the input 'gs://b/raw'"),
+    ("gs://b/raw/2026", "gs://b/raw", "output_uri='gs://b/raw': contains the input 'gs://b/raw/2026'"),
+    ("~/data", "~/data/clean", "output_uri='~/data/clean': lies inside the input '~/data'"),
+])
+def test_an_output_over_its_input_is_an_import_error(tmp_path: Path, input_uri: str, output_uri: str,
+                                                     said: str) -> None:
+    bag = parse(tmp_path, f'''
+        with DAG("overlap", schedule=None, start_date=datetime(2026, 1, 1)):
+            RayDataOperator(task_id="clean", cluster_name="c", input_uri={input_uri!r}, output_uri={output_uri!r},
+                            transform="m:f")
+    ''')
+    assert said + ". Replacing an output deletes what is there" in import_error(bag)
+
+
+@pytest.mark.parametrize(("lifetime", "said"), [
+    ("-5", "max_lifetime=datetime.timedelta(days=-1, seconds=86395): is not longer than zero"),
+    ("timedelta(0)", "max_lifetime=datetime.timedelta(0): is not longer than zero"),
+    ("'24h'", "max_lifetime='24h': is not a duration. Give a timedelta, e.g. timedelta(hours=24), or a number of seconds"),
+])
+def test_a_bad_max_lifetime_is_an_import_error(tmp_path: Path, lifetime: str, said: str) -> None:
+    bag = parse(tmp_path, f'''
+        from datetime import timedelta
+        with DAG("lifetime", schedule=None, start_date=datetime(2026, 1, 1)):
+            CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="2x2", max_lifetime={lifetime})
+    ''')
+    assert said in import_error(bag)
+
+
+def test_max_lifetime_in_seconds_is_a_duration(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    bag = parse(tmp_path, '''
+        with DAG("lifetime_seconds", schedule=None, start_date=datetime(2026, 1, 1)):
+            CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="2x2", max_lifetime=3600)
+    ''')
+    assert bag.dags["lifetime_seconds"].task_dict["create"].max_lifetime == timedelta(hours=1)
+
+
+JOB = "cluster_name='c', "
+
+
+@pytest.mark.parametrize(("operator", "said"), [
+    ("CreateRayClusterOperator(task_id='t', accelerator='v6e', topology='2x2', num_slices=100000)",
+     "num_slices=100000: is more than 256"),
+    ("CreateRayClusterOperator(task_id='t', accelerator='v6e', topology='2x2', labels={'team': 'ml platform'})",
+     "labels['team']='ml platform': is not a label value"),
+    ("CreateRayClusterOperator(task_id='t', accelerator='v6e', topology='2x2', env={'A': None})",
+     "env['A']=None: is not a string (or a number)"),
+    ("DeployRayServiceOperator(task_id='t', applications=APPS, version='v1', accelerator='v6e', topology='2x2', "
+     "annotations={'Not A Key': 'x'})", "annotations['Not A Key']='x': has a name part"),
+    ("JaxTrainerOperator(task_id='t', " + JOB + "train_loop='nocolon', checkpoint_uri='gs://b/c')",
+     "train_loop='nocolon': is not an import path. Write 'package.module:name'"),
+    ("JaxTrainerOperator(task_id='t', " + JOB + "train_loop='m:f', checkpoint_uri='')",
+     "checkpoint_uri='': is empty. Give it, e.g. 'gs://bucket/checkpoints'"),
+    ("RayDataOperator(task_id='t', " + JOB + "input_uri='gs://b/in', output_uri='gs://b/out', transform='m.f')",
+     "transform='m.f': is not an import path"),
+    ("SubmitRayJobOperator(task_id='t', " + JOB + "entrypoint='')", "entrypoint='': is empty"),
+    ("SubmitRayJobOperator(task_id='t', " + JOB + "entrypoint=[])", "entrypoint=[]: is empty"),
+    ("DeployRayServiceOperator(task_id='t', applications=APPS, version='v1', accelerator='v6e', topology='2x2', "
+     "upgrade_strategy='Blue')", "upgrade_strategy='Blue': is not a KubeRay v1.5 upgrade strategy"),
+])
+def test_values_that_used_to_fail_late_fail_when_the_dag_is_parsed(tmp_path: Path, operator: str, said: str) -> None:
+    bag = parse(tmp_path, f'''
+        from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
+        with DAG("late", schedule=None, start_date=datetime(2026, 1, 1)):
+            {operator}
+    ''')
+    assert said in import_error(bag)
+
+
+def test_templated_values_of_those_fields_parse(tmp_path: Path) -> None:
+    bag = parse(tmp_path, '''
+        from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
+        with DAG("late_ok", schedule=None, start_date=datetime(2026, 1, 1), params={"team": "ml"}):
+            CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="2x2",
+                                     labels={"team": "{{ params.team }}"}, env={"RUN": "{{ run_id }}"})
+            SubmitRayJobOperator(task_id="job", cluster_name="c", entrypoint="{{ params.team }}")
+    ''')
+    assert not bag.import_errors
+
+
+GKE = '{"conn_type": "raytpu", "extra": {"backend": "gke", "project_id": "p", "location": "l", "cluster": "c"}}'
+
+
+@pytest.mark.parametrize("connection", [GKE, "raytpu://?backend=gke&project_id=p&location=l&cluster=c"])
+def test_a_shape_gke_does_not_offer_is_an_import_error_on_gke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               connection: str) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", connection)
+    bag = parse(tmp_path, '''
+        with DAG("v6e_2x8", schedule=None, start_date=datetime(2026, 1, 1)):
+            CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="2x8")
+    ''')
+    assert ("topology='2x8': is not a slice shape GKE offers of v6e: a node pool of it cannot be created, so its "
+            "pods would stay Pending. Write one of the shapes GKE offers: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16"
+            ) in import_error(bag)
+
+
+def test_a_shape_gke_does_not_offer_parses_on_kubernetes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_OWN", '{"conn_type": "raytpu", "extra": {"backend": "kubernetes"}}')
+    bag = parse(tmp_path, '''
+        with DAG("own_nodes", schedule=None, start_date=datetime(2026, 1, 1)):
+            CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="2x8", raytpu_conn_id="raytpu_own")
+            CreateRayClusterOperator(task_id="v7x_1", accelerator="v7x", topology="1x1x1", raytpu_conn_id="raytpu_own")
+            CreateRayClusterOperator(task_id="v5p_28", accelerator="v5p", topology="4x4x28", raytpu_conn_id="raytpu_own")
+    ''')
+    assert not bag.import_errors

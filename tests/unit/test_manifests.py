@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from typing import Any
 
 import pytest
 
@@ -144,7 +145,10 @@ def test_user_fragments_merge_by_name() -> None:
     )
     spec = worker_group(manifest)["template"]["spec"]
     worker, sidecar = spec["containers"]
-    assert worker["env"] == [{"name": "A", "value": "2"}, {"name": "B", "value": "3"}]
+    # KubeRay's v6e multi-host samples' env first (the shape is v6e 4x4), then the user's, merged by name.
+    assert [var["name"] for var in worker["env"][:4]] == [
+        "NODE_IP", "VBAR_CONTROL_SERVICE_URL", "JAX_PLATFORMS", "ENABLE_PJRT_COMPATIBILITY"]
+    assert worker["env"][4:] == [{"name": "A", "value": "2"}, {"name": "B", "value": "3"}]
     assert worker["resources"]["limits"]["google.com/tpu"] == "4"
     assert sidecar == {"name": "sidecar", "image": "busybox"}
     assert [t["key"] for t in spec["tolerations"]] == ["google.com/tpu", "dedicated"]
@@ -183,3 +187,24 @@ def test_names_that_cannot_be_fixed_are_rejected_with_the_rule(bad: str) -> None
 def test_label_values_are_valid() -> None:
     value = label_value("manual__2026-12-02T16:16:44.977558+00:00" * 3)
     assert len(value) <= 63 and value[0].isalnum() and value[-1].isalnum()
+
+
+def test_tpu_hosts_are_sized_from_their_machine_type_and_the_users_env_wins() -> None:
+    from airflow_provider_raytpu.manifests.options import RayClusterOptions
+    from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
+    from airflow_provider_raytpu.tpu import TpuSlice
+
+    def host(tpu: TpuSlice, **options: Any) -> dict[str, Any]:
+        manifest = build_ray_cluster(name="c", namespace="ml", tpu=tpu, options=RayClusterOptions(**options))
+        return worker_group(manifest)["template"]["spec"]["containers"][0]
+
+    assert host(TpuSlice("v6e", "2x4"))["resources"]["limits"] == {  # ct6e-standard-8t: 360 vCPU, 1440 GB
+        "cpu": "270", "memory": "1080G", "google.com/tpu": "8"}
+    assert host(TpuSlice("v5e", "4x4"))["resources"]["limits"]["cpu"] == "84"  # ct5lp-hightpu-4t: 112 vCPU
+    assert host(TpuSlice("v6e", "4x4"), worker_resources={"cpu": "24", "memory": "200G"})["resources"]["limits"] == {
+        "cpu": "24", "memory": "200G", "google.com/tpu": "4"}
+    own = host(TpuSlice("v6e", "4x4"), env={"JAX_PLATFORMS": "tpu"})["env"]
+    assert [var["name"] for var in own].count("JAX_PLATFORMS") == 1
+    assert {"name": "JAX_PLATFORMS", "value": "tpu"} in own
+    single = host(TpuSlice("v6e", "2x2"))
+    assert "ports" not in single and single["env"] == [], "the samples set no runtime env on a single host"

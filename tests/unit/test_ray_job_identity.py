@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from airflow_provider_raytpu.hooks.ray_jobs import JobIdentity
-from airflow_provider_raytpu.operators.ray_job import is_fresh_start
+from airflow_provider_raytpu.operators.job_tries import same_cycle, will_be_retried
 from airflow_provider_raytpu.workloads.result import last_result, report_result
 
 
@@ -22,17 +22,44 @@ def context(try_number: int, max_tries: int) -> dict:
     return {"ti": SimpleNamespace(try_number=try_number, max_tries=max_tries)}
 
 
-def test_first_try_and_retries() -> None:
-    # retries=2: tries 1..3 share max_tries=2
-    assert is_fresh_start(context(1, 2), retries=2)
-    assert not is_fresh_start(context(2, 2), retries=2)
-    assert not is_fresh_start(context(3, 2), retries=2)
+def job_of(try_number: int, max_tries: int | None) -> SimpleNamespace:
+    """A job as Ray lists it, with the metadata the try that submitted it recorded."""
+    metadata = {"raytpu.try_number": str(try_number)}
+    if max_tries is not None:
+        metadata["raytpu.max_tries"] = str(max_tries)
+    return SimpleNamespace(metadata=metadata)
 
 
-def test_clear_starts_a_new_cycle() -> None:
+def test_retries_go_on_with_their_cycles_job() -> None:
+    # retries=2: tries 1..3 share max_tries=2.
+    assert JobIdentity("d", "t", "r", -1, 1, 2).metadata()["raytpu.max_tries"] == "2"
+    assert same_cycle(job_of(1, 2), context(2, 2)) and same_cycle(job_of(2, 2), context(3, 2))
+
+
+def test_a_clear_starts_a_new_cycle() -> None:
     # Cleared after try 3: Airflow sets max_tries = 3 + retries, the next try is 4.
-    assert is_fresh_start(context(4, 5), retries=2)
-    assert not is_fresh_start(context(5, 5), retries=2)
+    assert not same_cycle(job_of(3, 2), context(4, 5))
+    assert same_cycle(job_of(4, 5), context(5, 5))
+
+
+def test_lowering_retries_mid_run_does_not_make_a_retry_look_like_a_clear() -> None:
+    """retries was 3 when the run began (max_tries=3); the DAG file now says 1. Try 2 is still a retry:
+    nothing here reads the task's retries, only what Airflow recorded on the task instance."""
+    assert same_cycle(job_of(1, 3), context(2, 3))
+    from airflow_provider_raytpu.operators.jax_trainer import run_name_of
+
+    ti = {"dag_id": "nightly", "run_id": "r1", "task_id": "train", "map_index": -1}
+    first, retry = ({"ti": SimpleNamespace(**ti, try_number=n, max_tries=3)} for n in (1, 2))
+    assert run_name_of(first) == run_name_of(retry), "the retry resumes the first try's checkpoints"
+
+
+def test_a_job_from_an_earlier_release_is_taken_as_this_cycles() -> None:
+    assert same_cycle(job_of(1, None), context(2, 2))
+
+
+def test_whether_a_failed_try_is_retried_is_airflows_rule() -> None:
+    assert will_be_retried(context(1, 2)) and will_be_retried(context(2, 2))
+    assert not will_be_retried(context(3, 2)) and not will_be_retried(context(1, 0))
 
 
 def test_result_line_round_trip(capsys) -> None:
@@ -69,26 +96,30 @@ def test_default_cluster_name_is_one_per_dag_run_and_task_and_valid() -> None:
 def test_default_service_name_is_one_per_dag_and_task_across_runs() -> None:
     from airflow_provider_raytpu.operators.rayservice import default_service_name
 
-    def name(dag_id: str, task_id: str = "deploy", run_id: str = "r1") -> str:
-        return default_service_name({"ti": SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id)})
+    def name(dag_id: str, task_id: str = "deploy", run_id: str = "r1", map_index: int | None = -1) -> str:
+        return default_service_name({"ti": SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id,
+                                                           map_index=map_index)})
 
     assert name("serving") == name("serving", run_id="r2"), "later runs promote the same RayService"
     assert len({name("serving"), name("serving", "deploy_canary"), name("serv.ing"), name("serv_ing")}) == 4
     assert len(name("x" * 100)) <= 47
+    # Each map index of an expanded deploy serves its own applications; an unmapped task keeps its old name.
+    assert name("serving", map_index=None) == name("serving") == "serving-deploy-" + name("serving").rsplit("-")[-1]
+    mapped = {name("serving", map_index=i) for i in (0, 1)}
+    assert len(mapped) == 2 and name("serving") not in mapped
+    assert name("serving", map_index=1) == name("serving", run_id="r2", map_index=1)
 
 
 def test_training_run_name_is_the_same_for_retries_and_new_after_a_clear() -> None:
     from airflow_provider_raytpu.operators.jax_trainer import run_name_of
-    from airflow_provider_raytpu.operators.ray_job import cycle_start
 
     def run_name(try_number: int, max_tries: int, resume_on_clear: bool = False) -> str:
         ti = SimpleNamespace(dag_id="nightly", run_id="r1", task_id="train", map_index=-1, try_number=try_number,
                              max_tries=max_tries)
-        context = {"ti": ti}
-        return run_name_of(context, None if resume_on_clear else cycle_start(context, retries=2))
+        return run_name_of({"ti": ti}, resume_on_clear)
 
     first_cycle = {run_name(1, 2), run_name(2, 2), run_name(3, 2)}
     assert len(first_cycle) == 1 and run_name(1, 2).startswith("nightly.train-")
     after_clear = {run_name(4, 5), run_name(5, 5)}
     assert len(after_clear) == 1 and after_clear != first_cycle
-    assert run_name(4, 5, resume_on_clear=True) == run_name(1, 2)
+    assert run_name(4, 5, resume_on_clear=True) == run_name(1, 2, resume_on_clear=True)

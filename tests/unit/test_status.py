@@ -148,6 +148,17 @@ def test_per_slice_detail_from_pods() -> None:
     assert [s.ready_hosts for s in status.slices] == [4, 2]
 
 
+def test_a_terminating_pod_is_no_ready_host() -> None:
+    """KubeRay deletes a slice to make it again (a lost host); its old pods stay Ready until they stop."""
+    pods = [pod("h", "head")] + [pod(f"s0-{i}", replica="0") for i in range(4)]
+    pods += [pod(f"s1-{i}", replica="1") for i in range(4)]
+    for terminating in pods[5:7]:
+        terminating["metadata"]["deletionTimestamp"] = "2026-12-04T10:04:45Z"
+    status = read_ray_cluster(cluster_with(READY), pods)  # KubeRay's counts still say 8 of 8
+    assert status.phase is Phase.PROVISIONING
+    assert [s.ready_hosts for s in status.slices] == [4, 2] and status.message.endswith("(slice 0: 4/4, slice 1: 2/4)")
+
+
 def test_slices_sort_numerically() -> None:
     pods = [pod(f"p{i}", replica=str(i)) for i in (10, 2, 1)]
     assert [s.index for s in read_slices(pods)] == ["1", "2", "10"]

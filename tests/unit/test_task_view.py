@@ -266,3 +266,37 @@ def test_the_log_reader_finds_each_task_by_its_task_instance_without_the_dag_tes
     assert [log.task_id for log in logs] == ["delete", "deploy"]
     assert [line.message for line in logs[1].provider_lines()] == ["RayService default/s created"]
     assert problems(stdout, "", ids) == {}
+
+
+def test_secret_arguments_show_their_keys_only_wherever_the_command_is_repeated() -> None:
+    import shlex
+
+    from airflow_provider_raytpu.hooks.job_log import job_message, mask_secret_arguments
+
+    secret = "hunter2-4a5b6c'quoted"
+    command = shlex.join(["python", "-m", "w", "--config", json.dumps({"wandb_api_key": secret, "lr": 0.1}),
+                          "--transform-kwargs", json.dumps({"token": secret}), "--datasets", "{}"])
+    line = f"Running entrypoint for job raytpu-1-try1: {command}"
+    masked = mask_secret_arguments(line)
+    assert secret not in masked
+    assert masked == ("Running entrypoint for job raytpu-1-try1: python -m w --config '<JSON with keys: wandb_api_key, "
+                      "lr>' --transform-kwargs '<JSON with keys: token>' --datasets '{}'")
+    assert mask_secret_arguments(masked) == masked, "idempotent: a masked tail masked again keeps its keys"
+    assert mask_secret_arguments('--config "{\\"token\\": \\"x\\"}" --config=[1]') == (
+        "--config '<JSON with keys: token>' --config='<JSON>'")
+    # Ray's message for a failed job quotes the log's last lines: the task shows its own tail instead.
+    message = ("Job entrypoint command failed with exit code 3, last available logs (truncated to 20,000 chars):\n"
+               f"{line}\nboom\n")
+    assert job_message(message) == "Job entrypoint command failed with exit code 3"
+    assert job_message("Failed to set up runtime environment.\n--config '{\"a\": 1}'") == (
+        "Failed to set up runtime environment.\n--config '<JSON with keys: a>'")
+    assert JobLogFollower().new_lines(line + "\n", final=True) == [masked]
+
+
+def test_secret_values_are_registered_with_airflows_masker() -> None:
+    from airflow.sdk._shared.secrets_masker import redact
+
+    from airflow_provider_raytpu.operators.base import mask_secret_values
+
+    mask_secret_values({"wandb_api_key": "sk-abcdef123456", "nested": {"db_password": "pw-987654321"}, "lr": 0.123456})
+    assert redact("key sk-abcdef123456 and pw-987654321, lr 0.123456") == "key *** and ***, lr 0.123456"

@@ -10,17 +10,18 @@ from ray._private.accelerators import tpu as ray_tpu
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.tpu import GENERATIONS, TpuSlice, valid_topologies
 
-ALL_PAIRS = [(g.name, t) for g in GENERATIONS.values() for t in sorted(g.topologies)]
+# Every shape GKE offers that Ray also knows.
+BOTH = [(g.name, t) for g in GENERATIONS.values() for t in sorted(g.gke_topologies & g.ray_topologies)]
 
 
 @pytest.mark.parametrize("generation", sorted(GENERATIONS))
-def test_topologies_are_rays(generation: str) -> None:
+def test_rays_table_is_restated_as_it_is(generation: str) -> None:
     g = GENERATIONS[generation]
-    assert g.topologies == ray_tpu.VALID_TPU_TOPOLOGY[g.ray_version]
+    assert g.ray_topologies == ray_tpu.VALID_TPU_TOPOLOGY[g.ray_version]
 
 
-@pytest.mark.parametrize(("generation", "topology"), ALL_PAIRS)
-def test_every_valid_pair_matches_ray(generation: str, topology: str) -> None:
+@pytest.mark.parametrize(("generation", "topology"), BOTH)
+def test_every_gke_shape_ray_knows_derives_the_same_hosts_chips_and_resources(generation: str, topology: str) -> None:
     s = TpuSlice(generation, topology)
     ray_version = s.generation.ray_version
     assert s.chips_per_slice == ray_tpu.get_num_chips_from_topology(topology)
@@ -107,12 +108,49 @@ def error(**kwargs: object) -> InvalidInputError:
     return info.value
 
 
-def test_chip_count_as_topology() -> None:
+def test_chip_count_as_topology_recommends_only_shapes_gke_offers() -> None:
     e = error(topology="16")
     assert e.field == "topology" and "'16'" in str(e)
     assert "topology is a slice shape such as '4x4', not a chip count" in str(e)
-    assert "'4x4'" in e.fix and "'2x8'" in e.fix
+    assert e.fix == "Write the shape instead: 16 chips of v6e is topology '4x4'", "2x8 is no node pool GKE makes"
     assert "'2x2x2'" in str(error(accelerator="v4", topology="8"))
+
+
+@pytest.mark.parametrize(("generation", "shapes"), [
+    ("v5e", ["1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"]),
+    ("v6e", ["1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"]),
+])
+def test_the_2d_shapes_gke_offers(generation: str, shapes: list[str]) -> None:
+    """Cloud TPU's v5e and v6e tables (no 2x8, which Ray's table has)."""
+    assert valid_topologies(GENERATIONS[generation]) == shapes
+    assert not TpuSlice(generation, "2x8").offered_on_gke
+    assert "v6e 2x8 is not a slice shape GKE offers" in TpuSlice("v6e", "2x8").not_offered()
+
+
+@pytest.mark.parametrize(("generation", "topology", "hosts", "chips", "machine"), [
+    ("v7x", "1x1x1", 1, 1, "tpu7x-standard-1t"),
+    ("v7x", "4x4x12", 48, 4, "tpu7x-standard-4t"),
+    ("v7x", "12x12x12", 432, 4, "tpu7x-standard-4t"),
+    ("v5p", "4x4x28", 112, 4, "ct5p-hightpu-4t"),
+    ("v5p", "16x20x28", 2240, 4, "ct5p-hightpu-4t"),
+    ("v4", "8x16x16", 512, 4, "ct4p-hightpu-4t"),
+    ("v4", "16x16x16", 1024, 4, "ct4p-hightpu-4t"),
+    ("v6e", "1x1", 1, 1, "ct6e-standard-1t"),
+    ("v6e", "2x4", 1, 8, "ct6e-standard-8t"),
+    ("v6e", "4x4", 4, 4, "ct6e-standard-4t"),
+    ("v5e", "2x2", 1, 4, "ct5lp-hightpu-4t"),
+])
+def test_shapes_gke_offers_beyond_rays_table_and_their_hosts(generation: str, topology: str, hosts: int,
+                                                              chips: int, machine: str) -> None:
+    s = TpuSlice(generation, topology)
+    assert (s.hosts_per_slice, s.host_chips, s.machine_type.name, s.offered_on_gke) == (hosts, chips, machine, True)
+    assert s.hosts_per_slice * s.host_chips == s.chips_per_slice
+
+
+def test_two_4_chip_hosts_of_v6e_2x4_are_offered_on_gke() -> None:
+    """Cloud TPU's v6e table: the 8-chip 2x4 attached to 2 VMs (ct6e-standard-4t), with the GKE API only."""
+    two = TpuSlice("v6e", "2x4", chips_per_host=4)
+    assert (two.offered_on_gke, two.machine_type.name, two.hosts_per_slice) == (True, "ct6e-standard-4t", 2)
 
 
 def test_gke_label_as_accelerator() -> None:
@@ -133,10 +171,12 @@ def test_unknown_generation(accelerator: object) -> None:
     assert e.field == "accelerator" and "v4, v5e, v5p, v6e, v7x" in str(e)
 
 
-def test_topology_invalid_for_generation_lists_valid_ones() -> None:
+def test_topology_invalid_for_generation_lists_the_ones_gke_offers() -> None:
     e = error(topology="3x3")
     assert "is not a v6e slice shape" in str(e)
-    assert ", ".join(valid_topologies(GENERATIONS["v6e"])) in str(e)
+    assert "The shapes GKE offers of v6e: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16" in str(e)
+    assert "AxBxC with A <= B <= C, each a multiple of 4, of up to 140 cubes" in str(
+        error(accelerator="v5p", topology="3x3x3"))
     assert "3 dimensions" in str(error(accelerator="v4", topology="2x2"))
     assert "2 dimensions" in str(error(topology="2x2x2"))
 

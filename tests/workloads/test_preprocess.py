@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_raytpu.workloads import storage
+from airflow_provider_raytpu.workloads import outputs, storage
 from airflow_provider_raytpu.workloads.preprocess import PreprocessSpec, parse_args, run_preprocess
-from airflow_provider_raytpu.workloads.result import last_result
+from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, last_result
 from example_dags.pipeline.data import generate_rows, write_dataset
 from example_dags.pipeline.transforms import Embedder, normalise
 from tests.gcs import GcsStorage
@@ -26,7 +26,7 @@ ROWS = 600
 def read_output(uri: str) -> dict[str, list]:
     """Every row under ``uri``, read with pyarrow straight from storage, sorted by id."""
     location = storage.resolve(uri)
-    files = storage.list_files(uri)
+    files = [f for f in storage.list_files(uri) if f.endswith(".parquet")]
     table = pq.ParquetDataset(files, filesystem=location.filesystem).read().sort_by("id")
     return table.to_pydict()
 
@@ -101,23 +101,28 @@ def test_gcs_job_replaces_its_output_on_rerun(ray_slice: EmulatedSlice, fake_gcs
     first_files = fake_gcs.objects(prefix + "/")
     first_rows = read_output(output)
 
-    # Leftovers of a crashed attempt: a stale temp sibling and a foreign file in the output.
+    # Leftovers of a crashed attempt of this task: its temporary prefix (with its record, written first).
     location = storage.resolve(output)
-    with location.filesystem.open_output_stream(location.path + ".raytpu-tmp/part-0-from-a-crashed-attempt.parquet") as stream:
-        stream.write(b"junk")
-    pq.write_table(
-        pq.read_table(storage.list_files(output)[0], filesystem=location.filesystem),
-        location.child("stale-duplicate.parquet").path,
-        filesystem=location.filesystem,
-    )
-    assert len(read_output(output)["id"]) > ROWS  # the duplicate is visible before the rerun
+    temporary = location.sibling(location.name + outputs.TEMP_SUFFIX)
+    outputs.write_record(temporary, outputs.OutputRecord(""))
+    storage.write_file(temporary.child("part-0-from-a-crashed-attempt.parquet"), b"junk")
+    # A file this task did not write, in its output prefix: refused, nothing deleted, no retry.
+    foreign = location.child("stale-duplicate.parquet")
+    pq.write_table(pq.read_table(next(f for f in storage.list_files(output) if f.endswith(".parquet")),
+                                 filesystem=location.filesystem), foreign.path, filesystem=location.filesystem)
+    refused = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == EXIT_BAD_INPUT, refused.stderr[-3000:]
+    assert "holds 1 file(s) this task did not write (stale-duplicate.parquet); nothing was deleted" in refused.stderr
+    assert len(read_output(output)["id"]) > ROWS  # the first output and the foreign file, untouched
+    location.filesystem.delete_file(foreign.path)
 
     second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     assert last_result(second.stdout)["rows_out"] == ROWS
     rows = read_output(output)
     assert rows["id"] == list(range(ROWS))  # each row exactly once
-    assert not set(fake_gcs.objects(prefix + "/")) & set(first_files)  # every file is from the second run
+    assert not set(fake_gcs.objects(prefix + "/")) & set(first_files) - {f"{prefix}/{outputs.RECORD_NAME}"}, (
+        "every data file is from the second run")
     assert not fake_gcs.objects(prefix + ".raytpu-tmp")  # no temp prefix left behind
     # The embedding model is deterministic: same seed, same vectors, in any actor, on any run.
     np.testing.assert_array_equal(np.asarray(rows["embedding"]), np.asarray(first_rows["embedding"]))
@@ -140,3 +145,8 @@ def test_input_only_the_author_can_fix_exits_with_code_2(ray_client: EmulatedSli
     assert main(["--input", str(only_ids), *common, "--transform", "example_dags.pipeline.transforms:normalise"]) == (
         EXIT_BAD_INPUT)
     assert "needs column" in capsys.readouterr().err
+    # An output over its input: refused before anything is read or written; the input is intact.
+    assert main(["--input", str(only_ids), "--output", f"{tmp_path}/", "--transform",
+                 "example_dags.pipeline.transforms:normalise"]) == EXIT_BAD_INPUT
+    assert f"the output '{tmp_path}/' contains the input '{only_ids}'" in capsys.readouterr().err
+    assert only_ids.read_text().count("\n") == 10

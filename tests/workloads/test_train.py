@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.workloads import storage
 from airflow_provider_raytpu.workloads.preprocess import PreprocessSpec, run_preprocess
 from airflow_provider_raytpu.workloads.result import last_result
@@ -50,6 +51,14 @@ def test_workers_follow_from_the_slice_shape() -> None:
         "lr": 0.1, "checkpoint_uri": "gs://bkt/runs/r1/orbax", "run_name": "r1", "batch_size": 8, "ragged_policy": "pad",
     }
     assert spec.run_uri() == "gs://bkt/runs/r1" and spec.max_failures == 3
+    assert config.resources_per_worker == {"CPU": 1, "TPU": 4.0}
+
+
+@pytest.mark.parametrize(("chips_per_host", "workers", "chips"), [(None, 1, 8.0), (4, 2, 4.0)])
+def test_each_worker_asks_for_its_hosts_chips(chips_per_host: int | None, workers: int, chips: float) -> None:
+    """v6e 2x4: one 8-chip host, or (GKE's two ct6e-standard-4t) two 4-chip hosts; Ray alone assumes one."""
+    config = scaling_config(TpuSlice("v6e", "2x4", chips_per_host=chips_per_host))
+    assert (config.num_workers, config.resources_per_worker) == (workers, {"CPU": 1, "TPU": chips})
 
 
 def test_bad_inputs_fail_before_touching_ray(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -23,15 +24,19 @@ from kubernetes.client.rest import ApiException
 from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER, OnChange, apply_object, same_spec
 from airflow_provider_raytpu.backends.base import ApplyResult, ClusterBackend
 from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
-from airflow_provider_raytpu.backends.kuberay.diagnosis import cluster_pods, cluster_status, diagnose_cluster
+from airflow_provider_raytpu.backends.kuberay.connection_check import missing_verbs_line, tpu_webhook_line
+from airflow_provider_raytpu.backends.kuberay.crd import RayClusterCrd, read_raycluster_crd
+from airflow_provider_raytpu.backends.kuberay.diagnosis import cluster_pods, diagnose_cluster
 from airflow_provider_raytpu.backends.kuberay.informer import informer
 from airflow_provider_raytpu.backends.kuberay.objects import RAY_CLUSTERS, CustomObjects
 from airflow_provider_raytpu.backends.kuberay.pods import pod_reader
 from airflow_provider_raytpu.backends.kuberay.services import KubeRayServices
 from airflow_provider_raytpu.backends.kuberay.transport import reach
+from airflow_provider_raytpu.backends.ray_state import aconfirm, confirm
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.manifests.raycluster import DASHBOARD_PORT, MANAGED_BY, MANAGED_BY_LABEL
 from airflow_provider_raytpu.status import ClusterStatus, Phase, read_ray_cluster
+from airflow_provider_raytpu.status.tpu_webhook import check_tpu_webhook
 
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.settings import ConnectionSettings
@@ -64,14 +69,29 @@ class KubeRayBackend(ClusterBackend):
                     "(on GKE, enable the Ray operator add-on)"
                 ) from exc
             raise
-        return (
+        return "\n".join((
             f"Reached {self.clients.api_client.configuration.host}: RayClusters can be listed in namespace "
-            f"{self.namespace!r} ({len(ours)} made by this provider)"
-        )
+            f"{self.namespace!r} ({len(ours)} made by this provider)",
+            self.raycluster_crd.describe(),
+            tpu_webhook_line(self.clients, self.namespace),
+            missing_verbs_line(self.clients, self.namespace),
+        ))
 
     # -- RayCluster CRUD -------------------------------------------------------------------
 
+    @functools.cached_property
+    def raycluster_crd(self) -> RayClusterCrd:
+        """The RayCluster CRD this cluster serves: which KubeRay features it has (read once per backend)."""
+        return read_raycluster_crd(self.clients)
+
     def apply_cluster(self, manifest: dict[str, Any], *, update_if_exists: bool = False) -> ApplyResult:
+        """As :meth:`ClusterBackend.apply_cluster`; where the CRD has ``upgradeStrategy`` (KubeRay 1.6 and
+        newer) our own cluster with another spec is updated in place with ``Recreate`` (KubeRay replaces
+        every pod; the object keeps its uid), elsewhere deleted, waited for and created again."""
+        if update_if_exists and self.raycluster_crd.upgrade_strategy:
+            recreating = {**manifest, "spec": {**manifest["spec"], "upgradeStrategy": {"type": "Recreate"}}}
+            return apply_object(self.objects, recreating, same=same_spec, owner=CLUSTER_OWNER,
+                                on_change=OnChange.REPLACE)
         return apply_object(self.objects, manifest, same=same_spec, owner=CLUSTER_OWNER,
                             on_change=OnChange.RECREATE if update_if_exists else OnChange.FAIL)
 
@@ -80,6 +100,9 @@ class KubeRayBackend(ClusterBackend):
 
     def delete_cluster(self, name: str, namespace: str) -> bool:
         return self.objects.delete(name, namespace)
+
+    def annotate_cluster(self, name: str, namespace: str, annotations: dict[str, str]) -> None:
+        self.objects.annotate(name, namespace, annotations)
 
     def list_clusters(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
         return self.objects.list(namespace, label_selector)
@@ -90,11 +113,24 @@ class KubeRayBackend(ClusterBackend):
         """The pods KubeRay made for the RayCluster."""
         return cluster_pods(self.clients, name, namespace)
 
-    def cluster_status(self, name: str, namespace: str) -> ClusterStatus:
-        return cluster_status(self.clients, self.get_cluster(name, namespace))
+    def cluster_status(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> ClusterStatus:
+        """As :meth:`ClusterBackend.cluster_status`; with ``confirm_with_ray``, TPU pods the GKE TPU webhook did
+        not mutate are FAILED at once (:mod:`~airflow_provider_raytpu.status.tpu_webhook`)."""
+        cluster = self.get_cluster(name, namespace)
+        if cluster is None:
+            return read_ray_cluster(None)
+        pods = self.cluster_pods(name, namespace)
+        status = read_ray_cluster(cluster, pods)
+        if not confirm_with_ray:
+            return status
+        return confirm(check_tpu_webhook(status, cluster, pods), pods, self.dashboard(name, namespace))
 
-    def diagnose(self, name: str, namespace: str) -> str:
-        return diagnose_cluster(self.clients, self.get_cluster(name, namespace))
+    def diagnose(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
+        cluster = self.get_cluster(name, namespace)
+        if not confirm_with_ray:
+            return diagnose_cluster(self.clients, cluster)
+        return diagnose_cluster(self.clients, cluster, lambda status, pods: confirm(
+            check_tpu_webhook(status, cluster, pods), pods, self.dashboard(name, namespace)))
 
     def dashboard(self, name: str, namespace: str) -> HttpTransport:
         """The head service's ``dashboard`` port (``<name>-head-svc``)."""
@@ -104,14 +140,16 @@ class KubeRayBackend(ClusterBackend):
             direct = f"http://{name}-head-svc.{namespace}.svc.cluster.local:{DASHBOARD_PORT}"
         return reach(self.settings, self.clients, namespace, f"{name}-head-svc", "dashboard", direct)
 
-    async def watch_cluster(self, name: str, namespace: str, poll_interval: float = 10.0) -> AsyncIterator[ClusterStatus]:
+    async def watch_cluster(self, name: str, namespace: str, poll_interval: float = 10.0, *,
+                            confirm_with_ray: bool = False) -> AsyncIterator[ClusterStatus]:
         """The RayCluster's status now and after every change, from the event loop's informer of
         RayClusters in ``namespace`` (:mod:`~airflow_provider_raytpu.backends.kuberay.informer`).
 
         The status is read from the object; a READY is confirmed with the cluster's pods (every
         host of every slice ready, read together with other clusters' triggers of the same
-        moment) and, when they disagree, read again after ``poll_interval`` seconds or the next
-        change, whichever comes first.
+        moment), with ``confirm_with_ray`` also with the TPU webhook's variables in those pods
+        and Ray's node list, and, when they disagree, read again after ``poll_interval`` seconds
+        or the next change, whichever comes first.
         """
         shared = await self.clients.shared()
         clusters = await informer(shared, self.objects, namespace)
@@ -123,12 +161,17 @@ class KubeRayBackend(ClusterBackend):
                 unconfirmed = False
                 if status.phase is Phase.READY:
                     try:
-                        status = read_ray_cluster(cluster, await pods.pods_of(name))
+                        found = await pods.pods_of(name)
                     except Exception as exc:  # READY is not said without the pods; look again soon
                         log.warning("Reading the pods of RayCluster %s/%s failed: %s", namespace, name, exc)
                         status = dataclasses.replace(status, phase=Phase.PROVISIONING,
                                                      message=f"{status.message}; confirming with its pods")
-                    unconfirmed = status.phase is not Phase.READY
+                    else:
+                        status = read_ray_cluster(cluster, found)
+                        if confirm_with_ray:
+                            status = await aconfirm(check_tpu_webhook(status, cluster, found), found,
+                                                    self.dashboard(name, namespace))
+                    unconfirmed = status.phase is Phase.PROVISIONING
                 if not unconfirmed:
                     cluster = None  # a thousand waiting triggers keep no object each
                 yield status
@@ -138,8 +181,9 @@ class KubeRayBackend(ClusterBackend):
                 with contextlib.suppress(TimeoutError):  # the pods disagree: look again even without a change
                     cluster = await asyncio.wait_for(subscription.next(), poll_interval)
 
-    async def adiagnose(self, name: str, namespace: str) -> str:
-        return await asyncio.to_thread(self.diagnose, name, namespace)
+    async def adiagnose(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
+        return await asyncio.to_thread(functools.partial(self.diagnose, confirm_with_ray=confirm_with_ray),
+                                       name, namespace)
 
     def close(self) -> None:
         self.clients.close()

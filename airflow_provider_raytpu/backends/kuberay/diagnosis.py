@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: ``(status, pods) -> status``: a status read again with what else is known (e.g. Ray's node list).
+Judge = Callable[[ClusterStatus, list[dict[str, Any]]], ClusterStatus]
 
 
 def _list_core(method: Callable[..., Any], namespace: str, **kwargs: Any) -> list[dict[str, Any]]:
@@ -37,20 +39,14 @@ def cluster_pods(clients: KubeClients, name: str, namespace: str) -> list[dict[s
     return _list_core(clients.core.list_namespaced_pod, namespace, label_selector=f"{CLUSTER_LABEL}={name}")
 
 
-def cluster_status(clients: KubeClients, cluster: dict[str, Any] | None) -> ClusterStatus:
-    """A RayCluster's status read with its pods (``GONE`` for ``None``)."""
-    if cluster is None:
-        return read_ray_cluster(None)
-    metadata = cluster["metadata"]
-    return read_ray_cluster(cluster, cluster_pods(clients, metadata["name"], metadata["namespace"]))
-
-
-def diagnose_cluster(clients: KubeClients, cluster: dict[str, Any] | None) -> str:
-    """Why a RayCluster is not ready: which hosts are missing, and what the pods' events say holds them."""
+def diagnose_cluster(clients: KubeClients, cluster: dict[str, Any] | None,
+                     judge: Judge = lambda status, pods: status) -> str:
+    """Why a RayCluster is not ready: which hosts are missing, what the pods' events say holds them, and
+    (``judge``) what else its status lacks, e.g. the TPU hosts Ray does not list."""
     if cluster is None:
         return read_ray_cluster(None).message
     metadata = cluster["metadata"]
     pods = cluster_pods(clients, metadata["name"], metadata["namespace"])
     events = _list_core(clients.core.list_namespaced_event, metadata["namespace"],
                         field_selector="involvedObject.kind=Pod")
-    return diagnose_pods(read_ray_cluster(cluster, pods), pods, events)
+    return diagnose_pods(judge(read_ray_cluster(cluster, pods), pods), pods, events)

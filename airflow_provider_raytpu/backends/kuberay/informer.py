@@ -196,7 +196,7 @@ class Informer:
                 log.warning("Watch of %s failed (%s); retry %d", self.where, exc.status, failures)
             except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ValueError) as exc:
                 failures = 1 if self._streamed else failures + 1
-                log.warning("Watch of %s dropped (%s); retry %d", self.where, exc or type(exc).__name__, failures)
+                log.warning("Watch of %s dropped (%s); retry %d", self.where, str(exc) or type(exc).__name__, failures)
             except Exception as exc:  # handed to every waiter, which ends with it
                 self._fail_all(exc)
                 return

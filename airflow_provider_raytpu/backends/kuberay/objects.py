@@ -155,6 +155,13 @@ class CustomObjects:
                 raise StaleWrite(f"{self.kind} {namespace}/{name}") from None
             raise
 
+    def annotate(self, name: str, namespace: str, annotations: dict[str, str]) -> dict[str, Any]:
+        """Set annotations on the object (a JSON merge patch of its metadata; nothing else changes)."""
+        with explained("patch", self.resource, namespace):
+            return api_retry()(self.clients.custom_objects.patch_namespaced_custom_object)(
+                GROUP, VERSION, namespace, self.plural, name, {"metadata": {"annotations": annotations}}
+            )
+
     def delete(self, name: str, namespace: str) -> bool:
         """Delete the object (its dependents in the background); ``False`` when it was already gone."""
         try:

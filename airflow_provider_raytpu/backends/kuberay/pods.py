@@ -16,6 +16,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from airflow_provider_raytpu.backends.kuberay.watch import collection_path, list_pages
 from airflow_provider_raytpu.backends.loop_shared import loop_shared
+from airflow_provider_raytpu.status.ray_nodes import container_chips
+from airflow_provider_raytpu.tpu import TPU_RESOURCE
 
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.kuberay.shared_client import SharedApiClient
@@ -30,10 +32,18 @@ WAKE_PER_TURN = 100
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """What a status reader uses of a pod: its metadata (no managedFields), phase and conditions."""
+    """What a status reader uses of a pod: its metadata (no managedFields), phase, conditions and IP, and of
+    each container its TPU chips and the names (not the values) of its environment variables."""
     metadata = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "managedFields"}
     status = pod.get("status") or {}
-    return {"metadata": metadata, "status": {"phase": status.get("phase"), "conditions": status.get("conditions") or []}}
+    containers = [
+        {"name": c.get("name"), "env": [{"name": var.get("name")} for var in c.get("env") or []],
+         "resources": {"limits": {TPU_RESOURCE: chips}} if (chips := container_chips(c)) else {}}
+        for c in (pod.get("spec") or {}).get("containers") or []
+    ]
+    return {"metadata": metadata, "spec": {"containers": containers},
+            "status": {"phase": status.get("phase"), "conditions": status.get("conditions") or [],
+                       "podIP": status.get("podIP")}}
 
 
 def _digest(pods: list[dict[str, Any]]) -> list[tuple[str | None, dict[str, Any]]]:

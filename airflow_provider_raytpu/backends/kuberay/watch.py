@@ -32,6 +32,8 @@ LIST_PAGE = 250
 EVENTS_PER_TURN = 50
 #: A watch stream silent this long (no event, no bookmark) is taken for dead and opened again.
 WATCH_READ_TIMEOUT = 300.0
+#: Seconds one GET of an object or a page of a list may take.
+GET_TIMEOUT_SECONDS = 60.0
 
 Query = Sequence[tuple[str, str]]
 T = TypeVar("T")
@@ -78,11 +80,11 @@ async def _open(client: k8s_async.ApiClient, path: str, query: Query,
     return response
 
 
-async def get_json(client: k8s_async.ApiClient, path: str, query: Query = (), timeout: float = 60.0,
+async def get_json(client: k8s_async.ApiClient, path: str, query: Query = (), timeout: float | None = None,
                    parse: Callable[[bytes], Any] = json.loads) -> Any:
     """One GET answered with JSON, parsed with the garbage collector paused (a non-2xx answer
-    raises ``ApiException``, as the generated clients do)."""
-    response = await _open(client, path, query, timeout)
+    raises ``ApiException``, as the generated clients do); ``timeout`` defaults to :data:`GET_TIMEOUT_SECONDS`."""
+    response = await _open(client, path, query, GET_TIMEOUT_SECONDS if timeout is None else timeout)
     try:
         body = await response.read()
     finally:

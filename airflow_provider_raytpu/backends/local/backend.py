@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import importlib.metadata
 import importlib.util
 import os
 import shutil
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -58,10 +60,17 @@ from airflow_provider_raytpu.backends.local.state import (
     stored_form,
 )
 from airflow_provider_raytpu.backends.local.status import synthesise_status
+from airflow_provider_raytpu.backends.ray_state import confirm
 from airflow_provider_raytpu.backends.settings import ConnectionSettings
 from airflow_provider_raytpu.backends.transport import DirectTransport, HttpTransport
 from airflow_provider_raytpu.errors import FatalError
-from airflow_provider_raytpu.status import ClusterStatus, diagnose_pods, pod_is_ready, read_ray_cluster
+from airflow_provider_raytpu.status import (
+    RAY_UNCONFIRMED,
+    ClusterStatus,
+    diagnose_pods,
+    pod_is_ready,
+    read_ray_cluster,
+)
 
 LOG_TAIL_LINES = 15
 
@@ -206,6 +215,16 @@ class LocalBackend(ClusterBackend):
         with self._lock(name, namespace):
             return self.remove_locked(name, namespace)
 
+    def annotate_cluster(self, name: str, namespace: str, annotations: dict[str, str]) -> None:
+        """Set annotations in the cluster's stored manifest (its supervisor reads a renewed expiry from it)."""
+        with self._lock(name, namespace):
+            stored = self._read(name, namespace)
+            if stored is None:
+                raise FatalError(f"RayCluster {namespace}/{name} does not exist")
+            manifest = copy.deepcopy(stored.manifest)
+            manifest.setdefault("metadata", {}).setdefault("annotations", {}).update(annotations)
+            write_json_atomic(stored.path / MANIFEST_FILE, manifest)
+
     def remove_locked(self, name: str, namespace: str) -> bool:
         """Delete the cluster (its lock held): mark it deleted, stop its processes, remove its files."""
         stored = self._read(name, namespace)
@@ -245,18 +264,23 @@ class LocalBackend(ClusterBackend):
                     found.append(synthesise_status(stored)[0])
         return found
 
-    def cluster_status(self, name: str, namespace: str) -> ClusterStatus:
+    def cluster_status(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> ClusterStatus:
         stored = self._read(name, namespace)
         if stored is None:
             return read_ray_cluster(None)
-        return read_ray_cluster(*synthesise_status(stored))
+        cluster, pods = synthesise_status(stored)
+        status = read_ray_cluster(cluster, pods)
+        return confirm(status, pods, self.dashboard(name, namespace)) if confirm_with_ray else status
 
-    def diagnose(self, name: str, namespace: str) -> str:
+    def diagnose(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
         stored = self._read(name, namespace)
         if stored is None:
             return read_ray_cluster(None).message
         cluster, pods = synthesise_status(stored)
-        lines = [diagnose_pods(read_ray_cluster(cluster, pods), pods)]
+        status = read_ray_cluster(cluster, pods)
+        if confirm_with_ray:
+            status = confirm(status, pods, self.dashboard(name, namespace))
+        lines = [diagnose_pods(status, pods)]
         if stored.supervisor and not stored.supervisor_alive:
             lines += [f"--- last lines of {stored.path / SUPERVISOR_LOG} (supervisor) ---",
                       tail(stored.path / SUPERVISOR_LOG, LOG_TAIL_LINES)]
@@ -290,28 +314,34 @@ class LocalBackend(ClusterBackend):
         return (*stamps, alive)
 
     async def watch_cluster(
-        self, name: str, namespace: str, poll_interval: float = POLL_SECONDS
+        self, name: str, namespace: str, poll_interval: float = POLL_SECONDS, *, confirm_with_ray: bool = False
     ) -> AsyncIterator[ClusterStatus]:
         """Yield the status now and whenever it changes.
 
         There is no watch API locally: the state files are polled every
         ``min(poll_interval, 0.5)`` seconds (a few ``stat`` calls and one pid check), and
-        the status is recomputed only when one of them changed.
+        the status is recomputed only when one of them changed, or ``poll_interval`` seconds
+        after Ray did not yet confirm a READY.
 
         :param poll_interval: the longest time between two polls.
+        :param confirm_with_ray: as in :meth:`cluster_status`.
         """
         interval = min(poll_interval, POLL_SECONDS)
+        read = functools.partial(self.cluster_status, confirm_with_ray=confirm_with_ray)
         last_signature: tuple[Any, ...] | None = None
         last: ClusterStatus | None = None
+        ask_ray_again: float | None = None
         while True:
             signature = self._signature(name, namespace)
-            if signature != last_signature:
+            if signature != last_signature or (ask_ray_again is not None and time.monotonic() >= ask_ray_again):
                 last_signature = signature
-                status = await asyncio.to_thread(self.cluster_status, name, namespace)
+                status = await asyncio.to_thread(read, name, namespace)
+                ask_ray_again = time.monotonic() + poll_interval if status.reason == RAY_UNCONFIRMED else None
                 if status != last:
                     last = status
                     yield status
             await asyncio.sleep(interval)
 
-    async def adiagnose(self, name: str, namespace: str) -> str:
-        return await asyncio.to_thread(self.diagnose, name, namespace)
+    async def adiagnose(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
+        return await asyncio.to_thread(functools.partial(self.diagnose, confirm_with_ray=confirm_with_ray),
+                                       name, namespace)

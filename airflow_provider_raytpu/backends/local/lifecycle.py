@@ -25,6 +25,7 @@ from airflow_provider_raytpu.backends.local.process import (
     free_port,
     is_running,
     kill_processes,
+    passed_env,
     port_if_free,
     utc_now,
     write_json_atomic,
@@ -70,7 +71,7 @@ def start_cluster(path: Path, manifest: dict[str, Any], *, fresh: bool, previous
         (path / SUPERVISOR_FILE).unlink()
     write_json_atomic(path / STATE_FILE, state)
     write_json_atomic(path / MANIFEST_FILE, manifest)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = passed_env()
     env[CLUSTER_MARKER_ENV] = incarnation
     with open(path / SUPERVISOR_LOG, "ab") as out:
         out.write(f"\n=== {utc_now()} supervisor for incarnation {incarnation}\n".encode())

@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -24,6 +25,22 @@ CLUSTER_MARKER_ENV = "RAYTPU_LOCAL_CLUSTER"
 # Environment a node must not inherit from whoever started the supervisor.
 _SCRUBBED_ENV = ("RAY_ADDRESS", "TPU_NAME", "TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY",
                  "TPU_WORKER_HOSTNAMES", "TPU_VISIBLE_CHIPS")
+# What a local cluster takes from the Airflow worker's environment: what Python, Ray, JAX and the
+# storage libraries read. Never Airflow's connections, variables or configuration (AIRFLOW_CONN_*,
+# AIRFLOW__*): anyone who reaches the head's dashboard, which has no authentication, runs code there.
+# A job gets anything else through its runtime_env, a cluster through its options' env.
+_PASSED_ENV = re.compile(
+    r"PATH|HOME|USER|LOGNAME|SHELL|TERM|LANG|LANGUAGE|TZ|TMPDIR|TEMP|TMP|VIRTUAL_ENV|LD_LIBRARY_PATH"
+    r"|OMP_NUM_THREADS|SSL_CERT_FILE|SSL_CERT_DIR|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE"
+    r"|(HTTPS?|NO|ALL)_PROXY|(https?|no|all)_proxy|STORAGE_EMULATOR_HOST|GOOGLE_CLOUD_PROJECT"
+    r"|GOOGLE_APPLICATION_CREDENTIALS|(LC|PYTHON|RAY|JAX|XLA|LIBTPU|TENSORSTORE|GCSFS|CLOUDSDK|HF)_?\w*"
+)
+
+
+def passed_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The part of ``environ`` (default: this process's) a local cluster's processes get (see ``_PASSED_ENV``)."""
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in source.items() if _PASSED_ENV.fullmatch(k) and k not in _SCRUBBED_ENV}
 
 
 # -- files -----------------------------------------------------------------------------------
@@ -132,7 +149,8 @@ def port_if_free(address: str | None, fallback: int) -> int:
 def ray_process_env(marker: str) -> dict[str, str]:
     """The environment of a Ray process started on this machine for one cluster.
 
-    This process's environment without another cluster's address or TPU identity, marked
+    What this process's environment passes on (:func:`passed_env`: not Airflow's connections or
+    configuration), without another cluster's address or TPU identity, marked
     with :data:`CLUSTER_MARKER_ENV` = ``marker`` (how the cluster's processes are found
     again), this interpreter first on ``PATH`` (a job's ``python`` is the one Ray runs on,
     as in a Ray image, even from an unactivated venv), no usage stats, and no token
@@ -142,7 +160,7 @@ def ray_process_env(marker: str) -> dict[str, str]:
 
     :param marker: the value of :data:`CLUSTER_MARKER_ENV`.
     """
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
+    env = passed_env()
     env.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", CLUSTER_MARKER_ENV: marker})
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
     return env

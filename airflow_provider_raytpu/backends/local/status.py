@@ -12,6 +12,8 @@ from typing import Any
 
 from airflow_provider_raytpu.backends.local.state import SUPERVISOR_LOG, StoredCluster
 from airflow_provider_raytpu.status import NODE_TYPE_LABEL, REPLICA_INDEX_LABEL, desired_hosts
+from airflow_provider_raytpu.status.ray_nodes import pod_chips
+from airflow_provider_raytpu.tpu import TPU_RESOURCE
 
 CLUSTER_LABEL = "ray.io/cluster"
 GROUP_LABEL = "ray.io/group"
@@ -34,7 +36,7 @@ def _condition(kind: str, true: bool, reason: str = "", message: str = "") -> di
 
 
 def _pod(name: str, namespace: str, labels: dict[str, str], host: Mapping[str, Any], alive: bool,
-         waiting_reason: str, container: str) -> dict[str, Any]:
+         waiting_reason: str, container: str, chips: int = 0) -> dict[str, Any]:
     ready = alive and bool(host.get("ready"))
     running = alive and bool(host.get("running"))
     status: dict[str, Any] = {
@@ -47,9 +49,11 @@ def _pod(name: str, namespace: str, labels: dict[str, str], host: Mapping[str, A
              "state": {"waiting": {"reason": waiting_reason, "message": host.get("message") or ""}}}
         ]
     annotations = {k: str(host[k]) for k in ("pid", "node_id", "log") if host.get(k) is not None}
+    resources = {"limits": {TPU_RESOURCE: str(chips)}} if chips else {}
     return {
         "metadata": {"name": name, "namespace": namespace, "labels": labels,
                      "annotations": {f"raytpu.dev/{k}": v for k, v in annotations.items()}},
+        "spec": {"containers": [{"name": container, "resources": resources}]},
         "status": status,
     }
 
@@ -115,7 +119,9 @@ def synthesise_status(stored: StoredCluster) -> tuple[dict[str, Any], list[dict[
             f"{name}-head", namespace, {**base_labels, NODE_TYPE_LABEL: "head", GROUP_LABEL: "headgroup"}, head,
             alive, not_alive_reason("Starting"), "ray-head",
         ))
-    group = ((cluster.get("spec") or {}).get("workerGroupSpecs") or [{}])[0].get("groupName", "workers")
+    worker_group = ((cluster.get("spec") or {}).get("workerGroupSpecs") or [{}])[0]
+    group = worker_group.get("groupName", "workers")
+    chips = pod_chips(worker_group.get("template") or {})
     for slice_ in slices:
         reason = not_alive_reason(_WAITING_REASONS.get(slice_.get("status", ""), "Starting"))
         for host in slice_.get("hosts", []):
@@ -132,6 +138,6 @@ def synthesise_status(stored: StoredCluster) -> tuple[dict[str, Any], list[dict[
                 message_host["message"] = f"{host.get('message') or ''} ({slice_['message']})".strip()
             pods.append(_pod(
                 f"{name}-{group}-s{slice_['index']}-h{host.get('worker_id')}", namespace, labels, message_host,
-                alive, reason, "ray-worker",
+                alive, reason, "ray-worker", chips,
             ))
     return cluster, pods

@@ -22,13 +22,11 @@ cluster outlives the Airflow task that made it. The supervisor
   directory is gone (a removed home, a killed test run's temp dir) or names another
   incarnation, or the cluster's expiry (``raytpu.dev/expires-at``, from ``max_lifetime``)
   has passed, so a lost cluster does not run on until someone deletes it;
-- on SIGTERM stops exactly its own processes and exits. It is a session leader and every
-  process it starts inherits the environment variable
-  :data:`~airflow_provider_raytpu.backends.local.process.CLUSTER_MARKER_ENV` = the
-  cluster's incarnation; together (Ray daemons overwrite their environment when they
-  rename themselves, Ray job drivers leave the session) they let the backend find all of
-  its processes and nothing else. Its ``ray start`` children get SIGTERM if the supervisor
-  itself dies.
+- on SIGTERM stops exactly its own processes and exits. It is a session leader and every process it starts
+  inherits the environment variable :data:`~airflow_provider_raytpu.backends.local.process.CLUSTER_MARKER_ENV`
+  = the cluster's incarnation; together (Ray daemons overwrite their environment when they rename themselves,
+  Ray job drivers leave the session) they let the backend find all of its processes and nothing else. Its
+  ``ray start`` children get SIGTERM if the supervisor itself dies.
 
 Two knobs, read from the environment of the process that applies the cluster (the
 supervisor inherits it): ``RAYTPU_LOCAL_START_TIMEOUT`` (seconds a node may take to
@@ -327,7 +325,7 @@ class Supervisor:
         """Why nobody can use this cluster any more (its processes should go), or ``None``."""
         if not self.state_dir.is_dir():
             return f"state directory {self.state_dir} is gone"
-        if self.expires_at is not None and time.time() >= self.expires_at:
+        if self.expires_at is not None and time.time() >= self.expires_at and self._expiry_passed():
             self.fail("Expired", f"the cluster's max_lifetime ended at {self.expiry}: its Ray processes were "
                                  "stopped. Delete it (DeleteExpiredRayClustersOperator does)")
             return "its expiry has passed"
@@ -337,6 +335,17 @@ class Supervisor:
             if recorded and recorded.get("incarnation") not in (None, self.incarnation):
                 return f"{self.state_dir} now belongs to incarnation {recorded['incarnation']}"
         return None
+
+    def _expiry_passed(self) -> bool:
+        """Whether the expiry in the stored manifest has passed (a create task that adopted the cluster
+        may have renewed it since this supervisor started)."""
+        manifest = read_json(self.state_dir / MANIFEST_FILE) or {}
+        self.expiry = ((manifest.get("metadata") or {}).get("annotations") or {}).get(EXPIRES_AT_ANNOTATION)
+        with contextlib.suppress(ValueError):  # an expiry that is not a time never stops the cluster
+            self.expires_at = parse_expiry(self.expiry).timestamp() if self.expiry else None
+            return self.expires_at is not None and time.time() >= self.expires_at
+        self.expires_at = None
+        return False
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_requested = True
