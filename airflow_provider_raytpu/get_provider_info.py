@@ -49,6 +49,12 @@ CONN_FIELDS = {
         "webhook mutated its pods). Turn off for images without Ray's dashboard.",
         {**_FLAG, "default": True},
     ),
+    "ray_token_auth": _field(
+        "Ray token authentication",
+        "Backends kubernetes and gke: turn on Ray's token authentication (KubeRay authOptions, Ray 2.52+) and "
+        "send each cluster's token, read from its Secret (needs get on secrets).",
+        {**_FLAG, "default": True},
+    ),
     "local_home": _field("Local state directory", "Backend local: where clusters are recorded.", _STRING),
     "local_max_hosts": _field(
         "Local host limit", "Backend local: the largest slice emulated, in hosts.", {"type": ["integer", "null"]}

@@ -50,6 +50,9 @@ class ConnectionSettings:
     :param confirm_with_ray: a cluster is READY only once Ray lists every TPU host with its chips and slice
         (and, on Kubernetes, GKE's TPU webhook mutated its pods); a task's ``confirm_with_ray`` overrides it.
         Off for clusters whose image serves no Ray dashboard State API.
+    :param ray_token_auth: (kubernetes, gke) turn on Ray's token authentication (KubeRay's ``authOptions``,
+        where the CRD and the cluster's Ray 2.52+ have it) and send each cluster's token, read from the
+        Secret KubeRay makes for it, to its dashboard.
     """
 
     conn_id: str
@@ -69,6 +72,7 @@ class ConnectionSettings:
     local_home: str | None = None
     local_max_hosts: int = 8
     confirm_with_ray: bool = True
+    ray_token_auth: bool = True
 
     @classmethod
     def from_extra(cls, conn_id: str, extra: Mapping[str, Any]) -> ConnectionSettings:
@@ -88,7 +92,7 @@ class ConnectionSettings:
                 f"connection {conn_id!r} extra.backend", backend, "is not a backend", f"Set it to one of {BACKENDS}"
             )
         values: dict[str, Any] = {k: v for k, v in extra.items() if v not in (None, "")}
-        for flag in ("use_internal_ip", "use_dns_endpoint", "confirm_with_ray"):
+        for flag in ("use_internal_ip", "use_dns_endpoint", "confirm_with_ray", "ray_token_auth"):
             if flag in values:
                 values[flag] = parse_bool(values[flag], f"connection {conn_id!r} extra.{flag}")
         if "local_max_hosts" in values:

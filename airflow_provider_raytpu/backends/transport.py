@@ -43,6 +43,9 @@ TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})
 REQUEST_TIMEOUT_SECONDS = 60.0
 #: Seconds an upload of a ``py_modules`` / ``working_dir`` package may take.
 UPLOAD_TIMEOUT_SECONDS = 600.0
+#: The bodies of the 401 and 403 of Ray's token authentication (Ray 2.60
+#: ``_private/authentication/http_token_authentication.py``), told apart from a proxy's own.
+RAY_REFUSALS = ("Unauthorized: Missing authentication token", "Forbidden: Invalid authentication token")
 #: Seconds an endpoint's shared session stays open after its last user (followers poll every few seconds).
 SESSION_LINGER_SECONDS = 30.0
 
@@ -85,6 +88,11 @@ class HttpAnswer:
         text = self.body.decode(errors="replace")
         return text if limit is None else text[-limit:]
 
+    @property
+    def ray_refused(self) -> bool:
+        """Whether Ray's token authentication refused the request (no token, or another one)."""
+        return self.status in (401, 403) and any(refusal in self.text(300) for refusal in RAY_REFUSALS)
+
 
 class HttpTransport(abc.ABC):
     """One HTTP endpoint of a Ray cluster (its dashboard, or a RayService's Serve proxy) as this backend reaches it.
@@ -122,9 +130,12 @@ class HttpTransport(abc.ABC):
         """:meth:`request` without blocking the event loop."""
 
     @abc.abstractmethod
-    def websocket(self, path: str) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientWebSocketResponse]:
+    def websocket(self, path: str, headers: Mapping[str, str] | None = None,
+                  ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientWebSocketResponse]:
         """A WebSocket to ``path`` (e.g. Ray's job log tail); raises aiohttp's ``WSServerHandshakeError``
-        when the endpoint (or a proxy on the way) answers without upgrading."""
+        when the endpoint (or a proxy on the way) answers without upgrading.
+
+        :param headers: headers of the opening request."""
 
     def job_client(self) -> JobSubmissionClient:
         """Ray's ``JobSubmissionClient`` (it also uploads ``py_modules`` and ``working_dir``), talking through this transport."""
@@ -177,9 +188,10 @@ class DirectTransport(HttpTransport):
                 return HttpAnswer(answer.status, await answer.read())
 
     @contextlib.asynccontextmanager
-    async def websocket(self, path: str) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    async def websocket(self, path: str, headers: Mapping[str, str] | None = None,
+                        ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
         async with self.asession() as session:
-            async with session.ws_connect(self._join(path), max_msg_size=0) as ws:
+            async with session.ws_connect(self._join(path), headers=dict(headers or {}), max_msg_size=0) as ws:
                 yield ws
 
 
@@ -261,9 +273,10 @@ def _transport_job_client_class() -> type[JobSubmissionClient]:
                                              timeout=timeout)
             if answer.status in TRANSIENT_STATUSES:
                 raise DashboardUnavailableError(answer.status, answer.text(300))
-            if self._transport.ray_auth_errors and format_authentication_http_error is not None:
+            if (self._transport.ray_auth_errors or answer.ray_refused) and format_authentication_http_error:
                 if explained := format_authentication_http_error(answer.status, answer.text()):
-                    raise AuthenticationError(explained)
+                    raise AuthenticationError(f"{explained} (on Kubernetes, the raytpu connection's ray_token_auth "
+                                              "sends each cluster's token from the Secret KubeRay made for it)")
             response = requests.Response()
             response.status_code, response._content = answer.status, answer.body
             response.url = self._transport.url.rstrip("/") + endpoint

@@ -263,11 +263,12 @@ class ControlPlane(StartupWaits, Credentials):
         return ssl.create_default_context(cafile=str(self.pki["ca_crt"]))
 
     def request(self, method: str, path: str, body: bytes | None = None,
-                content_type: str = "application/json", timeout: float = 10.0) -> tuple[int, bytes]:
+                content_type: str = "application/json", timeout: float = 10.0,
+                headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         """Raw admin HTTP request to the API server (no client model parsing)."""
         req = urllib.request.Request(self.server + path, data=body, method=method, headers={
             "Authorization": f"Bearer {self.admin_token}", "Content-Type": content_type,
-            "Accept": "application/json"})
+            "Accept": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(req, context=self._ssl_ctx(), timeout=timeout) as r:
                 return r.status, r.read()

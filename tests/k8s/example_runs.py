@@ -12,7 +12,7 @@ from typing import Any
 from example_dags.demo.fake_gcs import FakeGcsServer
 from tests.airflow_runner import TaskOutcome, ensure_airflow_db, load_dag, outcomes
 from tests.k8s.controlplane import ControlPlane
-from tests.k8s.support import list_pods
+from tests.k8s.support import dashboard_get, list_pods
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "example_dags"
 V4, V6E = "tpu-v4-podslice", "tpu-v6e-slice"
@@ -60,9 +60,7 @@ def ran_for_real(cp: ControlPlane, namespace: str, cluster: str) -> set[str]:
 
 def ray_nodes(cp: ControlPlane, namespace: str, cluster: str) -> list[dict[str, Any]]:
     """The cluster's alive Ray nodes, from Ray's state API through the API server's service proxy."""
-    status, body = cp.request(
-        "GET", f"/api/v1/namespaces/{namespace}/services/{cluster}-head-svc:dashboard/proxy/api/v0/nodes"
-        "?detail=true&limit=100", timeout=60)
+    status, body = dashboard_get(cp, namespace, cluster, "/api/v0/nodes?detail=true&limit=100")
     assert status == 200, body[:500]
     return [n for n in json.loads(body)["data"]["result"]["result"] if n["state"] == "ALIVE"]
 

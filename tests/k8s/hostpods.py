@@ -4,9 +4,10 @@ The virtual kubelet (kubelet.py) hands a pod bound to a node labelled :data:`LAB
 to :class:`HostProcessPod`. Like a kubelet it runs the pod's init containers one after the other to
 completion, then its first container; each runs its ``command`` + ``args`` with the container's
 environment over what the local backend gives its Ray processes (``ray_process_env``: the
-virtualenv's ``bin`` first on ``PATH``, so the image's ``ray`` is ours; no token authentication).
-The environment is resolved as a kubelet does: plain values with ``$(VAR)`` references expanded,
-``fieldRef`` values, and before them what GKE's TPU device plugin adds to a container that was
+virtualenv's ``bin`` first on ``PATH``, so the image's ``ray`` is ours; no token authentication
+unless the pod's own environment turns it on, as KubeRay's ``authOptions`` does). The environment is
+resolved as a kubelet does: plain values with ``$(VAR)`` references expanded, ``fieldRef`` and
+``secretKeyRef`` values, and before them what GKE's TPU device plugin adds to a container that was
 allocated ``google.com/tpu`` chips (tests/k8s/tpuenv.py). The container's own ``readinessProbe``
 (an exec probe) decides when the pod is Ready.
 
@@ -30,7 +31,7 @@ import re
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,16 +102,30 @@ def expand(value: str, defined: Mapping[str, str]) -> str:
     return _VAR_REF.sub(one, value)
 
 
-def container_env(pod: Any, container: Any, pod_ip: str, host_ip: str | None = None) -> dict[str, str]:
-    """The container's environment as a kubelet resolves it (values and fieldRefs; not secrets)."""
+#: A Secret's data (decoded) by namespace and name, or ``None`` when it does not exist.
+SecretReader = Callable[[str, str], Mapping[str, str] | None]
+
+
+def container_env(pod: Any, container: Any, pod_ip: str, host_ip: str | None = None,
+                  secrets: SecretReader | None = None) -> dict[str, str]:
+    """The container's environment as a kubelet resolves it: values, fieldRefs and secretKeyRefs (KubeRay's
+    ``RAY_AUTH_TOKEN`` of a cluster with token authentication)."""
     env: dict[str, str] = {}
     for var in container.env or []:
+        source = var.value_from
         if var.value is not None:
             env[var.name] = expand(var.value, env)
-        elif var.value_from is not None and var.value_from.field_ref is not None:
-            env[var.name] = _field_value(pod, var.value_from.field_ref.field_path, pod_ip, host_ip or pod_ip)
-        elif var.value_from is not None:
-            raise ValueError(f"host-process pods do not resolve env {var.name!r} from {var.value_from}")
+        elif source is not None and source.field_ref is not None:
+            env[var.name] = _field_value(pod, source.field_ref.field_path, pod_ip, host_ip or pod_ip)
+        elif source is not None and source.secret_key_ref is not None and secrets is not None:
+            ref = source.secret_key_ref
+            data = secrets(pod.metadata.namespace, ref.name)
+            if data is None or ref.key not in data:  # a kubelet says CreateContainerConfigError and retries
+                raise LookupError(f"env {var.name!r}: key {ref.key!r} of Secret {pod.metadata.namespace}/{ref.name} "
+                                  "does not exist")
+            env[var.name] = data[ref.key]
+        elif source is not None:
+            raise ValueError(f"host-process pods do not resolve env {var.name!r} from {source}")
         else:
             env[var.name] = ""
     return env
@@ -147,10 +162,11 @@ class HostProcessPod:
     :param log_path: where the containers' stdout and stderr go.
     :param ray_tmp: the pod's own directory for Ray's files (short: Unix socket paths live under it).
     :param sandbox: the pod's network namespace; ``None``: the pod shares this machine's network.
+    :param secrets: reads the Secrets its environment refers to.
     """
 
     def __init__(self, pod: Any, node: NodeFacts, log_path: Path, ray_tmp: Path,
-                 sandbox: PodSandbox | None = None) -> None:
+                 sandbox: PodSandbox | None = None, secrets: SecretReader | None = None) -> None:
         self.key = f"{pod.metadata.namespace}/{pod.metadata.name}"
         self.uid = pod.metadata.uid
         self.sandbox = sandbox
@@ -159,6 +175,7 @@ class HostProcessPod:
         self._pod = pod
         self._node = node
         self._ray_tmp = ray_tmp
+        self._secrets = secrets
         self._process: subprocess.Popen[bytes] | None = None
         self._stopped = False
         container = pod.spec.containers[0]
@@ -171,7 +188,7 @@ class HostProcessPod:
         env = {k: v for k, v in ray_process_env(self.uid).items() if k not in _NOT_INHERITED}
         limits = (container.resources.limits if container.resources else None) or {}
         env.update(container_tpu_env(self._node.labels, self._node.tpu_chips, limits))
-        env.update(container_env(self._pod, container, self.pod_ip, self._node.ip))
+        env.update(container_env(self._pod, container, self.pod_ip, self._node.ip, self._secrets))
         self._ray_tmp.mkdir(parents=True, exist_ok=True)
         env.update({
             "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": str(OBJECT_STORE_BYTES),
@@ -204,7 +221,7 @@ class HostProcessPod:
         """
         deadline = time.monotonic() + init_timeout
         for container in self._pod.spec.init_containers or []:
-            env = {**self._env, **container_env(self._pod, container, self.pod_ip, self._node.ip)}
+            env = {**self._env, **container_env(self._pod, container, self.pod_ip, self._node.ip, self._secrets)}
             process = self._spawn(container, env)
             self._process = process
             while process.poll() is None:

@@ -14,6 +14,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +120,25 @@ class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
         from kubernetes import client
 
         return client.CoreV1Api(self.cp.api_client())
+
+    def _secret(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A Secret's data, decoded; ``None`` when it does not exist (after waiting 10 s for it, as a kubelet
+        retries a container whose Secret is missing)."""
+        import base64
+
+        from kubernetes.client.rest import ApiException
+
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                data = self._client().read_namespaced_secret(name, namespace).data or {}
+                return {key: base64.b64decode(value).decode() for key, value in data.items()}
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                if time.monotonic() > deadline:
+                    return None
+            time.sleep(0.5)
 
     # ---------------------------------------------------------------- nodes
     def _node_loop(self) -> None:
@@ -254,7 +274,8 @@ class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
                           spec.hostname] if spec.hostname and spec.subdomain else [spec.hostname or pod.metadata.name])
                 sandbox = self.network.add_pod(f"{pod.metadata.namespace}/{pod.metadata.name}",
                                                pod.metadata.namespace, names)
-            host_pod = HostProcessPod(pod, info["facts"], log_path, self._ray_tmp_root / uid[:8], sandbox)
+            host_pod = HostProcessPod(pod, info["facts"], log_path, self._ray_tmp_root / uid[:8], sandbox,
+                                      self._secret)
         except BaseException:
             with self._nodes_lock:
                 self._host_pods.pop(uid, None)

@@ -9,6 +9,7 @@ server of the session's :class:`~tests.k8s.controlplane.ControlPlane` through a
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import time
@@ -192,6 +193,22 @@ def list_pods(cp: ControlPlane, namespace: str, selector: str = "") -> list[dict
 def get_json(cp: ControlPlane, path: str) -> tuple[int, dict[str, Any]]:
     status, body = cp.request("GET", path)
     return status, json.loads(body) if body else {}
+
+
+def ray_token(cp: ControlPlane, namespace: str, cluster: str) -> str:
+    """The Ray token of a RayCluster, from the Secret KubeRay made for it (``authOptions.mode: token``)."""
+    status, secret = get_json(cp, f"/api/v1/namespaces/{namespace}/secrets/{cluster}")
+    assert status == 200, secret
+    return base64.b64decode(secret["data"]["auth_token"]).decode()
+
+
+def dashboard_get(cp: ControlPlane, namespace: str, cluster: str, path: str,
+                  token: str | None = None) -> tuple[int, bytes]:
+    """GET ``path`` of a RayCluster's dashboard through the API server's service proxy, with the cluster's
+    Ray token (``token``: another one; ``""``: none) where Ray's own header says it."""
+    token = ray_token(cp, namespace, cluster) if token is None else token
+    return cp.request("GET", f"/api/v1/namespaces/{namespace}/services/{cluster}-head-svc:dashboard/proxy{path}",
+                      timeout=60, headers={"X-Ray-Authorization": f"Bearer {token}"} if token else {})
 
 
 def rayclusters(cp: ControlPlane, namespace: str) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ sensor reads Ray's node list through the API server's service proxy, as in produ
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from tests.k8s.support import (
     V6E,
     Connections,
     NodePools,
+    dashboard_get,
     force_delete_clusters,
     get_json,
     lifecycle_dag,
@@ -93,11 +95,18 @@ def test_ready_once_ray_lists_the_slice_with_its_head_and_chips(
         assert (ready["phase"], ready["ready_hosts"], ready["ray_hosts"]) == ("READY", 2, 2)
         assert ready["message"].endswith("Ray lists 2 of 2 TPU hosts with their chips and slice, one slice head per slice")
 
+        # The sensor read Ray's node list with the cluster's token: KubeRay turned on Ray's token
+        # authentication (authOptions), and the real head refuses a request without it or with another.
+        _, cluster = get_json(cp, f"/apis/ray.io/v1/namespaces/{ns}/rayclusters/slice")
+        assert cluster["spec"]["authOptions"] == {"mode": "token"}
+        path = "/api/v0/nodes?" + quote("limit=100&filter_keys=state&filter_predicates=%3D&filter_values=ALIVE",
+                                        safe="=&%")
+        assert dashboard_get(cp, ns, "slice", path, token="")[0] == 401
+        assert dashboard_get(cp, ns, "slice", path, token="not-the-token")[0] == 403
         # What the sensor read, read again: the real raylets' resources and labels.
-        query = "limit=100&filter_keys=state&filter_predicates=%3D&filter_values=ALIVE"
-        status, answer = get_json(cp, f"/api/v1/namespaces/{ns}/services/slice-head-svc:dashboard/proxy/api/v0/nodes?"
-                                      f"{quote(query, safe='=&%')}")
-        assert status == 200, answer
+        status, body = dashboard_get(cp, ns, "slice", path)
+        assert status == 200, body
+        answer = json.loads(body)
         workers = [n for n in answer["data"]["result"]["result"] if not n["is_head_node"]]
         assert [n["resources_total"]["TPU"] for n in workers] == [4.0, 4.0]
         assert len({n["labels"]["ray.io/tpu-slice-name"] for n in workers}) == 1

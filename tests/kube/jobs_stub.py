@@ -8,7 +8,9 @@ and the WebSocket ``/api/jobs/{id}/logs/tail``: the log from its start in messag
 10 lines, then each new piece as it is appended, closed once the job has ended and its log is
 drained (Ray's ``file_tail_iterator``). A test drives jobs with :meth:`JobsStub.add`,
 ``append``, ``finish`` and cuts every open tail with :meth:`JobsStub.cut_tails`; ``requests``
-counts requests per (cluster, route).
+counts requests per (cluster, route). A cluster given a token in ``tokens`` answers as Ray's token
+authentication does (``ray/_private/authentication/http_token_authentication.py``): 401 without a
+token, 403 with another one, in ``Authorization`` or ``X-Ray-Authorization``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class JobsStub(ThreadedApp):
         self.tail_sleep = tail_sleep
         self.jobs: dict[str, dict[str, StubJob]] = collections.defaultdict(dict)
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.tokens: dict[str, str] = {}
         self.tail_bytes = 0
         self._tails: set[web.WebSocketResponse] = set()
 
@@ -104,7 +107,14 @@ class JobsStub(ThreadedApp):
         return job
 
     def _count(self, request: web.Request, route: str) -> None:
-        self.requests[(request.match_info["cluster"], route)] += 1
+        cluster = request.match_info["cluster"]
+        if token := self.tokens.get(cluster):
+            given = request.headers.get("Authorization") or request.headers.get("X-Ray-Authorization")
+            if not given:
+                raise web.HTTPUnauthorized(text="Unauthorized: Missing authentication token")
+            if given != f"Bearer {token}":
+                raise web.HTTPForbidden(text="Forbidden: Invalid authentication token")
+        self.requests[(cluster, route)] += 1
 
     async def _version(self, request: web.Request) -> web.Response:
         """What Ray's ``JobSubmissionClient`` asks first (``_check_connection_and_version``)."""

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.rest import ApiException
@@ -30,6 +31,7 @@ from airflow_provider_raytpu.backends.kuberay.diagnosis import cluster_pods, dia
 from airflow_provider_raytpu.backends.kuberay.informer import informer
 from airflow_provider_raytpu.backends.kuberay.objects import RAY_CLUSTERS, CustomObjects
 from airflow_provider_raytpu.backends.kuberay.pods import pod_reader
+from airflow_provider_raytpu.backends.kuberay.ray_token import RayTokenTransport, add_token_auth
 from airflow_provider_raytpu.backends.kuberay.services import KubeRayServices
 from airflow_provider_raytpu.backends.kuberay.transport import reach
 from airflow_provider_raytpu.backends.ray_state import aconfirm, confirm
@@ -87,13 +89,38 @@ class KubeRayBackend(ClusterBackend):
     def apply_cluster(self, manifest: dict[str, Any], *, update_if_exists: bool = False) -> ApplyResult:
         """As :meth:`ClusterBackend.apply_cluster`; where the CRD has ``upgradeStrategy`` (KubeRay 1.6 and
         newer) our own cluster with another spec is updated in place with ``Recreate`` (KubeRay replaces
-        every pod; the object keeps its uid), elsewhere deleted, waited for and created again."""
-        if update_if_exists and self.raycluster_crd.upgrade_strategy:
-            recreating = {**manifest, "spec": {**manifest["spec"], "upgradeStrategy": {"type": "Recreate"}}}
-            return apply_object(self.objects, recreating, same=same_spec, owner=CLUSTER_OWNER,
-                                on_change=OnChange.REPLACE)
-        return apply_object(self.objects, manifest, same=same_spec, owner=CLUSTER_OWNER,
-                            on_change=OnChange.RECREATE if update_if_exists else OnChange.FAIL)
+        every pod; the object keeps its uid), elsewhere deleted, waited for and created again. Ray's token
+        authentication is turned on where KubeRay and the Ray version have it (:meth:`with_token_auth`)."""
+        def apply(manifest: dict[str, Any]) -> ApplyResult:
+            if update_if_exists and self.raycluster_crd.upgrade_strategy:
+                recreating = {**manifest, "spec": {**manifest["spec"], "upgradeStrategy": {"type": "Recreate"}}}
+                return apply_object(self.objects, recreating, same=same_spec, owner=CLUSTER_OWNER,
+                                    on_change=OnChange.REPLACE)
+            return apply_object(self.objects, manifest, same=same_spec, owner=CLUSTER_OWNER,
+                                on_change=OnChange.RECREATE if update_if_exists else OnChange.FAIL)
+
+        return self.with_token_auth(apply, manifest, lambda cluster: cluster["spec"])
+
+    def with_token_auth(self, apply: Callable[[dict[str, Any]], ApplyResult], manifest: dict[str, Any],
+                        spec_of: Callable[[dict[str, Any]], dict[str, Any]]) -> ApplyResult:
+        """``apply(manifest)`` with KubeRay's ``authOptions.mode: token`` in its RayCluster spec (``spec_of``
+        finds it: the manifest's, or a RayService's ``rayClusterConfig``) where the connection's
+        ``ray_token_auth`` is on and the cluster's Ray has token authentication
+        (:mod:`~airflow_provider_raytpu.backends.kuberay.ray_token`). Where the CRD cannot be read, it is
+        tried, and a KubeRay that does not know the field (older than 1.5.1) gets the manifest without it."""
+        crd = self.raycluster_crd
+        if not self.settings.ray_token_auth or not (crd.auth_options or crd.readable is False):
+            return apply(manifest)
+        authenticated = copy.deepcopy(manifest)
+        add_token_auth(spec_of(authenticated))
+        try:
+            return apply(authenticated)
+        except FatalError as exc:
+            if crd.auth_options or "authOptions" not in str(exc):
+                raise
+            log.warning("This KubeRay does not know spec.authOptions (%s): the cluster runs without Ray's token "
+                        "authentication; update KubeRay to 1.5.1 or newer", exc)
+            return apply(manifest)
 
     def get_cluster(self, name: str, namespace: str) -> dict[str, Any] | None:
         return self.objects.get(name, namespace)
@@ -133,12 +160,16 @@ class KubeRayBackend(ClusterBackend):
             check_tpu_webhook(status, cluster, pods), pods, self.dashboard(name, namespace)))
 
     def dashboard(self, name: str, namespace: str) -> HttpTransport:
-        """The head service's ``dashboard`` port (``<name>-head-svc``)."""
+        """The head service's ``dashboard`` port (``<name>-head-svc``), with the cluster's Ray token where it
+        has one (:class:`~airflow_provider_raytpu.backends.kuberay.ray_token.RayTokenTransport`)."""
         if self.settings.dashboard == "url":
             direct = (self.settings.dashboard_url or "").format(cluster_name=name, namespace=namespace)
         else:
             direct = f"http://{name}-head-svc.{namespace}.svc.cluster.local:{DASHBOARD_PORT}"
-        return reach(self.settings, self.clients, namespace, f"{name}-head-svc", "dashboard", direct)
+        transport = reach(self.settings, self.clients, namespace, f"{name}-head-svc", "dashboard", direct)
+        if not self.settings.ray_token_auth:
+            return transport
+        return RayTokenTransport(transport, self.objects, name, namespace)
 
     async def watch_cluster(self, name: str, namespace: str, poll_interval: float = 10.0, *,
                             confirm_with_ray: bool = False) -> AsyncIterator[ClusterStatus]:

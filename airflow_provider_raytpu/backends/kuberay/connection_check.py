@@ -25,6 +25,7 @@ ROLE_VERBS: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "pods"): ("get", "list", "watch"),
     ("", "events"): ("get", "list", "watch"),
     ("", "services/proxy"): ("get", "create", "update"),
+    ("", "secrets"): ("get",),
 }
 WEBHOOK_FIX = ("on GKE, enable the Ray operator add-on (gcloud container clusters update CLUSTER "
                "--update-addons=RayOperator=ENABLED); elsewhere install ai-on-gke's kuberay-tpu-webhook")

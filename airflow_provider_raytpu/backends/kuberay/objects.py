@@ -44,7 +44,7 @@ TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 T = TypeVar("T")
 
 
-def _is_transient(exc: BaseException) -> bool:
+def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (ApiException, AsyncApiException)):
         return exc.status in TRANSIENT_STATUS
     return isinstance(exc, (urllib3.exceptions.HTTPError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
@@ -56,7 +56,7 @@ def api_retry(attempts: int = 6) -> Callable[[Callable[..., T]], Callable[..., T
     return tenacity.retry(
         stop=tenacity.stop_after_attempt(attempts),
         wait=WaitRetryAfterOrExponential(),
-        retry=tenacity.retry_if_exception(_is_transient),
+        retry=tenacity.retry_if_exception(is_transient),
         reraise=True,
         before_sleep=tenacity.before_sleep_log(log, logging.WARNING),
     )

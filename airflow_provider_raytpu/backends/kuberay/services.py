@@ -53,7 +53,11 @@ class KubeRayServices(ServiceBackend):
     # -- apply / get / delete ------------------------------------------------------------------
 
     def apply_service(self, manifest: dict[str, Any]) -> ApplyResult:
-        return apply_object(self.objects, manifest, same=same_service, owner=SERVICE_OWNER, on_change=OnChange.REPLACE)
+        def apply(manifest: dict[str, Any]) -> ApplyResult:
+            return apply_object(self.objects, manifest, same=same_service, owner=SERVICE_OWNER,
+                                on_change=OnChange.REPLACE)
+
+        return self.backend.with_token_auth(apply, manifest, lambda service: service["spec"]["rayClusterConfig"])
 
     def get_service(self, name: str, namespace: str) -> dict[str, Any] | None:
         return self.objects.get(name, namespace)

@@ -115,11 +115,12 @@ class ApiServerProxyTransport(HttpTransport):
             return HttpAnswer(401, (exc.reason or "").encode())
 
     @contextlib.asynccontextmanager
-    async def websocket(self, path: str) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    async def websocket(self, path: str, headers: Mapping[str, str] | None = None,
+                        ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
         shared = await self.clients.shared()
         async with shared.lease() as api_client:
             url = api_client.configuration.host.rstrip("/") + self.path + "/" + path.lstrip("/")
-            headers = await shared.auth_headers(api_client)
+            headers = {**(headers or {}), **await shared.auth_headers(api_client)}
             session = api_client.rest_client.pool_manager
             async with session.ws_connect(url, headers=headers, max_msg_size=0,
                                           server_hostname=api_client.rest_client.server_hostname) as ws:
