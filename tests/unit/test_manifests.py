@@ -208,3 +208,22 @@ def test_tpu_hosts_are_sized_from_their_machine_type_and_the_users_env_wins() ->
     assert {"name": "JAX_PLATFORMS", "value": "tpu"} in own
     single = host(TpuSlice("v6e", "2x2"))
     assert "ports" not in single and single["env"] == [], "the samples set no runtime env on a single host"
+
+
+@pytest.mark.parametrize(("tpu", "accelerator", "hosts", "limits"), [
+    # tpu7x-standard-1t: 1 chip, 56 vCPU, 240 GB; a single-host slice of one host.
+    (TpuSlice("v7x", "1x1x1"), "tpu7x", 1, {"cpu": "42", "memory": "180G", "google.com/tpu": "1"}),
+    # ct5p-hightpu-4t: 4 chips, 208 vCPU, 448 GB; 448 chips are 112 hosts.
+    (TpuSlice("v5p", "4x4x28"), "tpu-v5p-slice", 112, {"cpu": "156", "memory": "336G", "google.com/tpu": "4"}),
+], ids=["v7x-1x1x1", "v5p-4x4x28"])
+def test_shapes_only_gke_offers_render_with_their_hosts_and_machine_type(
+        tpu: TpuSlice, accelerator: str, hosts: int, limits: dict[str, str]) -> None:
+    manifest = cluster(tpu=tpu)
+    group = worker_group(manifest)
+    spec = group["template"]["spec"]
+    assert (group["numOfHosts"], group["replicas"]) == (hosts, 1)
+    assert spec["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": accelerator,
+                                    "cloud.google.com/gke-tpu-topology": tpu.topology}
+    assert spec["containers"][0]["resources"]["limits"] == limits
+    for kuberay in KUBERAY_VERSIONS:
+        assert schema_errors(manifest, "rayclusters", kuberay) == []
