@@ -1,9 +1,13 @@
 """A READY read from pods, confirmed with Ray: its node list, read through the cluster's dashboard transport.
 
 The request is the one ``ray list nodes`` makes (``ray/util/state/api.py``:
-``StateApiClient.list`` -> ``GET /api/v0/nodes`` with ``limit``, ``timeout``, ``detail`` and the
-``filter_keys`` / ``filter_predicates`` / ``filter_values`` triple), asking for ALIVE nodes only;
-its answer is read by :mod:`airflow_provider_raytpu.status.ray_nodes`. Both backends use it: on
+``StateApiClient.list`` -> ``GET /api/v0/nodes`` with ``limit``, ``timeout`` and ``detail``), for
+every node; the ALIVE ones are kept here. Ray's ``state=ALIVE`` filter is not used: Ray (2.60) hands
+it to the GCS, which counts the nodes it leaves out as truncated (``get_all_node_info`` in
+``ray/util/state/state_manager.py``; ``total = len(result) + num_truncated`` in
+``ray/dashboard/state_aggregator.py``), so once a host has died the answer says 5 of 7 nodes were
+kept and a complete list cannot be told from a cut one. Its answer is read by
+:mod:`airflow_provider_raytpu.status.ray_nodes`. Both backends use it: on
 Kubernetes through the API server's service proxy (or the connection's direct URL), locally at
 the head's own address.
 """
@@ -32,10 +36,7 @@ log = logging.getLogger(__name__)
 NODE_LIMIT = 10_000
 #: Seconds Ray may take to gather the list (the State API's ``timeout``), and this request to answer.
 NODES_TIMEOUT = 30
-NODES_PATH = "/api/v0/nodes?" + urlencode({
-    "limit": NODE_LIMIT, "timeout": NODES_TIMEOUT, "detail": "false",
-    "filter_keys": "state", "filter_predicates": "=", "filter_values": "ALIVE",
-})
+NODES_PATH = "/api/v0/nodes?" + urlencode({"limit": NODE_LIMIT, "timeout": NODES_TIMEOUT, "detail": "false"})
 
 
 def nodes_of(answer: HttpAnswer) -> list[RayNode]:

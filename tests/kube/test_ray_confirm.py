@@ -22,7 +22,7 @@ from airflow_provider_raytpu.triggers.raycluster import RayClusterReadyTrigger
 from tests.fakekube.kuberay import KubeRayReactor
 from tests.fakekube.server import FakeKubeApiServer
 from tests.kube.conftest import NAMESPACE
-from tests.kube.ray_state_stub import RayStateStub
+from tests.kube.ray_state_stub import RayStateStub, ray_node
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,6 +62,9 @@ async def test_ready_waits_until_ray_lists_every_host(backend: KubeRayBackend, k
         task = asyncio.create_task(first_event(confirming()))
         await asyncio.to_thread(kube.wait_for, lambda: ray.requests["train"] >= 2, 20)
         assert not task.done(), "ready pods are not READY while Ray does not list one of the hosts"
+        # Ray also lists the raylets of hosts that died earlier (a preempted slice's), as DEAD.
+        earlier = worker_pods(kube)[:4]
+        ray.dead = [{**ray_node(pod, TPU.pod_type), "node_ip": f"10.9.0.{i}"} for i, pod in enumerate(earlier)]
         ray.hide()
         event = await task
     assert event["status"] == "READY", event
