@@ -30,8 +30,9 @@ demo: install
 
 test: install k8s-binaries docs test-unit test-kube test-k8s test-ray test-deploy
 
-# Everything `make test` runs: it leaves nothing out for CI's budget any more (nightly_embeddings and the
-# preempted-host + promotion run of nightly_finetune on the real operator are in test-k8s).
+# Everything `make test` runs: it leaves nothing out for CI's budget any more (nightly_embeddings, the
+# preempted-host + promotion run of nightly_finetune and two-slice training that loses a slice, all on the real
+# operator, are in test-k8s).
 test-full: test
 
 docs: install

@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
 
-__all__ = ["parse_bool", "parse_int", "parse_optional_int"]
+__all__ = ["parse_bool", "parse_int", "parse_optional_int", "parse_slice_range"]
 
 
 def parse_int(value: Any, field: str, *, minimum: int = 1, example: int = 2, maximum: int | None = None,
@@ -44,3 +44,30 @@ def parse_bool(value: Any, field: str) -> bool:
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
     raise InvalidInputError(field, value, "is not true or false", "Write true or false")
+
+
+def parse_slice_range(value: Any, field: str = "num_slices") -> tuple[int, int] | None:
+    """A range of slice counts ``(min, max)``: a pair, or a template's ``"(1, 2)"``, ``"[1, 2]"`` or ``"1,2"``.
+    A single count (``2``, ``"2"``) or ``None`` is no range: ``None``.
+
+    :raises InvalidInputError: for anything else, for a count below 1 and for ``min`` above ``max``.
+    """
+    fix = "Write a slice count such as 2, or a range (min, max) such as (1, 2)"
+    if value is None or isinstance(value, (bool, int)):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if "," not in text:
+            return None
+        parts: Any = text.strip("()[] ").split(",")
+    else:
+        parts = value
+    if not isinstance(parts, (list, tuple)) or len(parts) != 2:
+        raise InvalidInputError(field, value, "is neither a slice count nor a (min, max) range", fix)
+    try:
+        low, high = (parse_int(part, field, example=1) for part in parts)
+    except InvalidInputError as error:
+        raise InvalidInputError(field, value, f"has a bound that {error.problem}", fix) from None
+    if low > high:
+        raise InvalidInputError(field, value, f"asks for at least {low} slices but at most {high}", fix)
+    return low, high

@@ -45,6 +45,10 @@ _HOST_ENV = {var["name"]: var for var in (
     {"name": "JAX_PLATFORMS", "value": "tpu,cpu"},
     {"name": "ENABLE_PJRT_COMPATIBILITY", "value": "true"},
 )}
+#: Set on the hosts of a multi-slice worker group: GKE's TPU webhook adds ``MEGASCALE_SLICE_ID``,
+#: ``MEGASCALE_COORDINATOR_ADDRESS`` and ``MEGASCALE_PORT`` only to a container that has it
+#: (ai-on-gke kuberay-tpu-webhook, main.go ``mutatePod``: "Multi-Slice variable injection logic").
+NUM_SLICES_ENV = "MEGASCALE_NUM_SLICES"
 #: The share of a TPU host's vCPUs and memory its Ray container asks for by default.
 HOST_SHARE = 0.75
 _HEAD_PORTS = [
@@ -126,14 +130,22 @@ def host_resources(tpu: TpuSlice) -> dict[str, str]:
     return {"cpu": str(int(machine.vcpus * HOST_SHARE)), "memory": f"{int(machine.memory_gb * HOST_SHARE)}G"}
 
 
+def _opens_mxla_port(tpu: TpuSlice) -> bool:
+    """A v6e multi-host slice (KubeRay's samples), or several slices: their hosts talk over the data
+    centre network on port 8081 (``MEGASCALE_PORT``)."""
+    return (tpu.accelerator == "v6e" and tpu.is_multi_host) or tpu.num_slices > 1
+
+
 def _host_env(tpu: TpuSlice, env: Mapping[str, str] | None) -> list[dict[str, Any]]:
     """A TPU host's environment: what KubeRay's v6e multi-host samples set (the TPU runtime's control
-    service on the node, JAX on the TPU first), then ``env`` (the user's, winning)."""
+    service on the node, JAX on the TPU first), :data:`NUM_SLICES_ENV` for several slices, then ``env``
+    (the user's, winning)."""
     given = _env_list(env)
-    if not (tpu.accelerator == "v6e" and tpu.is_multi_host):
-        return given
+    ours = list(_HOST_ENV.values()) if tpu.accelerator == "v6e" and tpu.is_multi_host else []
+    if tpu.num_slices > 1:
+        ours.append({"name": NUM_SLICES_ENV, "value": str(tpu.num_slices)})
     taken = {var["name"] for var in given}
-    return [copy.deepcopy(var) for var in _HOST_ENV.values() if var["name"] not in taken] + given
+    return [copy.deepcopy(var) for var in ours if var["name"] not in taken] + given
 
 
 def _worker_template(tpu: TpuSlice, image: str, resources: Mapping[str, Any],
@@ -151,7 +163,7 @@ def _worker_template(tpu: TpuSlice, image: str, resources: Mapping[str, Any],
                 "image": image,
                 "resources": {"requests": dict(limits), "limits": limits},
                 "env": _host_env(tpu, env),
-                **({"ports": [dict(MXLA_PORT)]} if tpu.accelerator == "v6e" and tpu.is_multi_host else {}),
+                **({"ports": [dict(MXLA_PORT)]} if _opens_mxla_port(tpu) else {}),
             }
         ],
         "nodeSelector": tpu.node_selector,
@@ -225,7 +237,7 @@ def build_ray_cluster(
 
 def as_released_in_0_1(spec: Mapping[str, Any], tpu: TpuSlice, options: RayClusterOptions) -> dict[str, Any]:
     """``spec`` as release 0.1 rendered it: a TPU host sized 8 CPU / 32Gi unless ``worker_resources`` was given,
-    and no v6e multi-host env or port. A RayCluster that release made has this spec's hash, and a retry
+    and no v6e multi-host or multi-slice env or port. A RayCluster that release made has this spec's hash, and a retry
     after the upgrade adopts it (``raytpu.dev/also-adopts``)."""
     old = copy.deepcopy(dict(spec))
     groups = old.get("workerGroupSpecs") or []
@@ -235,7 +247,8 @@ def as_released_in_0_1(spec: Mapping[str, Any], tpu: TpuSlice, options: RayClust
             limits = {**DEFAULT_WORKER_RESOURCES, TPU_RESOURCE: str(tpu.host_chips)}
             host["resources"] = {"requests": dict(limits), "limits": limits}
         given = set(options.env or {})
-        host["env"] = [var for var in host.get("env") or [] if var["name"] in given or var["name"] not in _HOST_ENV]
+        ours = {*_HOST_ENV, NUM_SLICES_ENV}
+        host["env"] = [var for var in host.get("env") or [] if var["name"] in given or var["name"] not in ours]
         if host.get("ports") == [MXLA_PORT]:
             del host["ports"]
     return old

@@ -9,12 +9,19 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.operators.base import check_import_path, check_literal, check_not_empty, mask_secret_values
+from airflow_provider_raytpu.operators.base import (
+    check_import_path,
+    check_literal,
+    check_not_empty,
+    is_templated,
+    mask_secret_values,
+)
 from airflow_provider_raytpu.operators.links import CheckpointsLink, ProfileLink, RayJobLink, push_link, storage_console_url
 from airflow_provider_raytpu.operators.ray_data import asset_for
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
 from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice
 from airflow_provider_raytpu.tpu import TpuSlice
+from airflow_provider_raytpu.values import parse_slice_range
 from airflow_provider_raytpu.workloads.steps import profile_window
 
 if TYPE_CHECKING:
@@ -40,6 +47,12 @@ def describe_step_times(step_time: Mapping[str, Any] | None) -> str:
 
 def _duration(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _most(num_slices: Any) -> Any:
+    """The slice count a shape check compares: a range's ``max``, else the count as given (1 if unset)."""
+    slices = parse_slice_range(num_slices) if not is_templated(num_slices) else None
+    return slices[1] if slices else (num_slices or 1)
 
 
 def run_name_of(context: Context, resume_on_clear: bool = False) -> str:
@@ -90,7 +103,13 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         ``plugins/profile`` layout); the loop must time its steps with ``StepClock``.
     :param accelerator: optional; must agree with the cluster's slice.
     :param topology: optional; must agree with the cluster's slice.
-    :param num_slices: optional; must agree with the cluster's slice.
+    :param num_slices: optional; a count must agree with the cluster's slice. A range ``(min, max)``
+        trains elastically: on as many whole slices as are ready, at least ``min`` and at most ``max`` of
+        the cluster's (Ray Train's elastic training). When a slice is lost the run goes on, from its newest
+        checkpoint, on the slices left (if ``min`` allows); once the slice is back it grows again. The
+        global batch is per-worker batch x workers, so it changes with the slices.
+    :param resize_interval: with a ``num_slices`` range, seconds between Ray Train's checks for more
+        ready slices (its ``elastic_resize_monitor_interval_s``).
     :param spot: optional, with the slice fields; spot capacity does not change the shape.
     :param chips_per_host: optional; must agree with the cluster's slice.
     :param resume_on_clear: after a user's Clear, resume the run the cleared task trained
@@ -120,10 +139,11 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         profile_steps: tuple[int, int] | Sequence[int] | None = None,
         accelerator: str | None = None,
         topology: str | None = None,
-        num_slices: int | str | None = None,
+        num_slices: int | str | Sequence[int] | None = None,
         spot: bool | str = False,
         chips_per_host: int | str | None = None,
         resume_on_clear: bool = False,
+        resize_interval: float = 60.0,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("outlets", asset_for(checkpoint_uri))
@@ -132,8 +152,12 @@ class JaxTrainerOperator(SubmitRayJobOperator):
                 "batch_size/ragged_policy", (batch_size, ragged_policy), "are given one without the other",
                 "Give both (the driver checks the datasets split into whole batches before training) or neither",
             )
+        check_literal(num_slices, parse_slice_range)
+        if isinstance(resize_interval, bool) or not isinstance(resize_interval, (int, float)) or resize_interval < 0:
+            raise InvalidInputError("resize_interval", resize_interval, "is not a number of seconds",
+                                    "Write e.g. 60 (Ray Train's default)")
         if accelerator or topology:
-            check_literal_slice(accelerator or "", topology or "", num_slices or 1, spot, chips_per_host)
+            check_literal_slice(accelerator or "", topology or "", _most(num_slices), spot, chips_per_host)
         profile_window(profile_steps)
         check_literal(train_loop, lambda value: check_import_path(value, "train_loop"))
         check_literal(checkpoint_uri, lambda value: check_not_empty(value, "checkpoint_uri", "'gs://bucket/checkpoints'"))
@@ -153,11 +177,23 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         self.spot = spot
         self.chips_per_host = chips_per_host
         self.resume_on_clear = resume_on_clear
+        self.resize_interval = resize_interval
 
     def given_tpu(self) -> TpuSlice | None:
         if not self.accelerator and not self.topology:
             return None
-        return TpuSlice(self.accelerator or "", self.topology or "", self.num_slices or 1, self.spot, self.chips_per_host)
+        return TpuSlice(self.accelerator or "", self.topology or "", _most(self.num_slices), self.spot,
+                        self.chips_per_host)
+
+    def slice_range(self, tpu: TpuSlice) -> tuple[int, int] | None:
+        """The elastic ``(min, max)`` slices, checked against the cluster's ``tpu``; ``None``: all of them."""
+        slices = parse_slice_range(self.num_slices)
+        if slices and slices[1] > tpu.num_slices:
+            raise InvalidInputError(
+                "num_slices", self.num_slices,
+                f"asks for up to {slices[1]} slices, but RayCluster {self.jobs.namespace}/{self.jobs.cluster_name} "
+                f"has {tpu.num_slices}", f"Write num_slices=({min(slices[0], tpu.num_slices)}, {tpu.num_slices})")
+        return slices
 
     def prepare_entrypoint(self, context: Context) -> None:
         check_import_path(self.train_loop, "train_loop")
@@ -165,10 +201,12 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         mask_secret_values(self.config)
         window = profile_window(self.profile_steps)
         tpu = self.cluster_tpu(self.jobs.cluster_name, self.jobs.namespace, self.given_tpu())
+        slices = self.slice_range(tpu)
         run_name = run_name_of(context, self.resume_on_clear)
         run_uri = f"{self.checkpoint_uri.rstrip('/')}/{run_name}"
-        self.log.info("Training on %s as Ray Train run %s; its checkpoints go to %s", tpu.describe(), run_name,
-                      run_uri)
+        elastic = f", elastically on {slices[0]} to {slices[1]} of its slices" if slices else ""
+        self.log.info("Training on %s%s as Ray Train run %s; its checkpoints go to %s", tpu.describe(), elastic,
+                      run_name, run_uri)
         push_link(context, CheckpointsLink, storage_console_url(run_uri))
         push_link(context, ProfileLink, storage_console_url(f"{run_uri}/profile") if window else None)
         args = ["python", "-m", "airflow_provider_raytpu.workloads.train", "--train-loop", self.train_loop,
@@ -182,6 +220,8 @@ class JaxTrainerOperator(SubmitRayJobOperator):
             args += ["--ragged-policy", self.ragged_policy]
         if window:
             args += ["--profile-steps", str(window[0]), str(window[1])]
+        if slices:
+            args += ["--slices", str(slices[0]), str(slices[1]), "--resize-interval", str(self.resize_interval)]
         self.job_args = args
 
     def after_job(self, result: Any) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import re
 import sys
 import time
@@ -73,6 +74,9 @@ class TrainSpec:
     :param profile_steps: ``(first, end)``: the loop's
         :class:`~airflow_provider_raytpu.workloads.steps.StepClock` traces steps
         ``first <= step < end`` with ``jax.profiler`` into ``<run>/profile``.
+    :param slices: ``(min, max)``: train elastically on as many whole slices as are ready, at least
+        ``min`` and at most ``max`` (of the ``tpu.num_slices`` the cluster has); ``None``: on all of them.
+    :param resize_interval: with ``slices``, seconds between Ray Train's checks for more ready slices.
     """
 
     train_loop: str
@@ -86,8 +90,15 @@ class TrainSpec:
     batch_size: int | None = None
     ragged_policy: str | None = None
     profile_steps: tuple[int, int] | None = None
+    slices: tuple[int, int] | None = None
+    resize_interval: float = 60.0
 
     def __post_init__(self) -> None:
+        if self.slices is not None and not 1 <= self.slices[0] <= self.slices[1] <= self.tpu.num_slices:
+            raise ValueError(f"slices={self.slices} must be (min, max) with 1 <= min <= max <= "
+                             f"{self.tpu.num_slices}, the cluster's slices")
+        if self.resize_interval < 0:
+            raise ValueError(f"resize_interval={self.resize_interval} must not be negative")
         object.__setattr__(self, "profile_steps", profile_window(self.profile_steps))
         if not _RUN_NAME.fullmatch(self.run_name or ""):
             raise ValueError(
@@ -101,8 +112,14 @@ class TrainSpec:
 
     @property
     def num_workers(self) -> int:
-        """One worker per TPU host: hosts per slice times slices."""
-        return self.tpu.hosts_per_slice * self.tpu.num_slices
+        """One worker per TPU host: hosts per slice times slices (the most slices, when elastic)."""
+        return self.worker_counts[-1]
+
+    @property
+    def worker_counts(self) -> list[int]:
+        """Every number of workers the run may have: one per host of each slice it trains on."""
+        low, high = self.slices or (self.tpu.num_slices, self.tpu.num_slices)
+        return [self.tpu.hosts_per_slice * count for count in range(low, high + 1)]
 
     def run_uri(self) -> str:
         """Where Ray Train keeps this run: ``<checkpoint_uri>/<run_name>``."""
@@ -133,35 +150,63 @@ class TrainSpec:
         return config
 
 
-def run_user_loop(import_path: str, config: dict[str, Any]) -> Any:
+def run_user_loop(import_path: str, config: dict[str, Any], hosts_per_slice: int = 1) -> Any:
     """Runs on each worker: import the user's loop there and call it with ``config``.
 
     :param import_path: ``"package.module:function"``.
     :param config: the loop's config.
+    :param hosts_per_slice: hosts (workers) of one slice.
     """
     from airflow_provider_raytpu.workloads.session import quiet_report_records
 
     quiet_report_records()
+    forget_other_slices(hosts_per_slice)
     return load_object(import_path)(config)
 
 
-def scaling_config(tpu: TpuSlice) -> Any:
+def forget_other_slices(hosts_per_slice: int) -> None:
+    """On a worker group of one slice, drop the ``MEGASCALE_*`` variables its pod was started with.
+
+    GKE's TPU webhook gives every host of a multi-slice worker group ``MEGASCALE_NUM_SLICES`` and its slice's
+    id; libtpu reads them when JAX's TPU backend starts, in the loop. Ray Train sets them afresh for a worker
+    group of several slices, but for one slice it sets none (``_JaxBackend.on_start`` in
+    ray/train/v2/jax/config.py), so an elastic run left with one slice would wait for slices it no longer has.
+    """
+    import ray.train
+
+    if ray.train.get_context().get_world_size() > hosts_per_slice:
+        return
+    for name in [name for name in os.environ if name.startswith("MEGASCALE_")]:
+        del os.environ[name]
+
+
+def scaling_config(tpu: TpuSlice, slices: tuple[int, int] | None = None, resize_interval: float = 60.0) -> Any:
     """Ray Train's ScalingConfig for whole slices of ``tpu``'s shape: one worker per host, holding its chips.
 
     The per-host chips are given, not left to Ray: ``get_tpu_worker_resources`` (ray/util/tpu.py) assumes
     one 8-chip host for a v5e/v6e 2x4, so on two 4-chip hosts (``chips_per_host=4``, GKE's two
     ct6e-standard-4t) it would ask for workers of 8 chips that no host has.
 
+    With ``slices``, ``num_workers`` is Ray Train's elastic ``(min_workers, max_workers)``: its elastic
+    scaling policy counts only whole slices that are ready (``_get_strict_tpu_worker_count`` in
+    ray/train/v2/_internal/execution/scaling_policy/elastic.py), starts on as many as there are, and every
+    ``resize_interval`` seconds restarts the workers on more once more are ready.
+
     :param tpu: the slice shape.
+    :param slices: ``(min, max)`` slices to train on, elastically; ``None``: all of ``tpu.num_slices``.
+    :param resize_interval: Ray's ``elastic_resize_monitor_interval_s``.
     """
     from ray.train import ScalingConfig
 
+    hosts = tpu.hosts_per_slice
+    elastic = {"num_workers": (slices[0] * hosts, slices[1] * hosts),
+               "elastic_resize_monitor_interval_s": resize_interval} if slices else {}
     return ScalingConfig(
         use_tpu=True,
         topology=tpu.topology,
         accelerator_type=tpu.ray_accelerator_type,
-        num_workers=tpu.hosts_per_slice * tpu.num_slices,
         resources_per_worker={"CPU": 1, "TPU": float(tpu.host_chips)},
+        **{"num_workers": hosts * tpu.num_slices, **elastic},
     )
 
 
@@ -174,8 +219,10 @@ def check_datasets(spec: TrainSpec, datasets: dict[str, Any]) -> None:
     if spec.batch_size is None or spec.ragged_policy is None:
         return
     for name, dataset in datasets.items():
+        rows = dataset.count()
         try:
-            check_batches(dataset.count(), spec.batch_size, spec.num_workers, spec.ragged_policy)
+            for workers in spec.worker_counts:
+                check_batches(rows, spec.batch_size, workers, spec.ragged_policy)
         except ValueError as error:
             raise type(error)(f"dataset {name!r} ({spec.datasets[name]}): {error}") from None
 
@@ -194,9 +241,9 @@ def build_trainer(spec: TrainSpec) -> Any:
     check_datasets(spec, datasets)
     storage = resolve(spec.checkpoint_uri)
     return JaxTrainer(
-        functools.partial(run_user_loop, spec.train_loop),
+        functools.partial(run_user_loop, spec.train_loop, hosts_per_slice=spec.tpu.hosts_per_slice),
         train_loop_config=spec.loop_config(),
-        scaling_config=scaling_config(spec.tpu),
+        scaling_config=scaling_config(spec.tpu, spec.slices, spec.resize_interval),
         run_config=RunConfig(
             name=spec.run_name,
             storage_path=storage.path,
@@ -287,6 +334,10 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainSpec:
     parser.add_argument("--ragged-policy", choices=POLICIES, default=None)
     parser.add_argument("--profile-steps", type=int, nargs=2, default=None, metavar=("FIRST", "END"),
                         help="trace steps FIRST <= step < END with jax.profiler")
+    parser.add_argument("--slices", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                        help="train elastically on MIN to MAX of the cluster's slices")
+    parser.add_argument("--resize-interval", type=float, default=60.0,
+                        help="with --slices, seconds between checks for more ready slices")
     args = parser.parse_args(argv)
     if (args.batch_size is None) != (args.ragged_policy is None):
         parser.error("--batch-size and --ragged-policy go together")
@@ -302,6 +353,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainSpec:
         batch_size=args.batch_size,
         ragged_policy=args.ragged_policy,
         profile_steps=tuple(args.profile_steps) if args.profile_steps else None,
+        slices=tuple(args.slices) if args.slices else None,
+        resize_interval=args.resize_interval,
     )
 
 

@@ -9,11 +9,14 @@ Another test tree gets the same session fixture with::
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
 
+from example_dags.demo.fake_gcs import FakeGcsServer
 from tests.k8s.controlplane import ControlPlane
+from tests.k8s.example_runs import BUCKET, EXAMPLES, ROWS
 from tests.k8s.session import k8s_control_plane  # noqa: F401  (session fixture)
 from tests.k8s.support import Connections, NodePools, force_delete_clusters, suffix
 
@@ -80,3 +83,21 @@ def networked_control_plane(k8s_control_plane: ControlPlane) -> ControlPlane:
         pytest.skip(f"pods cannot get a network of their own ({k8s_control_plane.pod_network_problem}), so "
                     "only one real Ray pod can run at a time: single-head mode (test_ray_head.py)")
     return k8s_control_plane
+
+
+@pytest.fixture(scope="module")
+def gcs(networked_control_plane: ControlPlane) -> Iterator[FakeGcsServer]:
+    """The demo's fake GCS on the pod network's gateway (pods reach it there), with the raw data."""
+    cp = networked_control_plane
+    assert cp.pod_network is not None
+    patch = pytest.MonkeyPatch()
+    with FakeGcsServer(host=cp.pod_network.gateway) as server:
+        server.create_bucket(BUCKET)
+        for key, value in server.env().items():  # this process, and every pod started from now on
+            patch.setenv(key, value)
+        sys.path.insert(0, str(EXAMPLES))
+        from pipeline.data import write_dataset
+
+        write_dataset(f"gs://{BUCKET}/raw/rows.jsonl", ROWS, seed=7)
+        yield server
+        patch.undo()

@@ -3,6 +3,7 @@ or later, a replacement node added to the pool, Ray's node list recorded before 
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,8 +14,35 @@ from tests.k8s.example_runs import BUCKET, V4, cluster_pods, committed_steps, ra
 from tests.k8s.support import HOST_INDEX, list_pods, pod_ready, wait_for
 
 
+class FaultThread:
+    """A fault a test injects from a thread while a DAG runs: :meth:`start`, then :meth:`join` raises what
+    went wrong in it. Subclasses write ``_run``."""
+
+    error: BaseException | None = None
+    _thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _guarded(self) -> None:
+        try:
+            self._run()
+        except BaseException as error:  # raised by join, in the test
+            self.error = error
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._guarded, name=type(self).__name__, daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.error is not None:
+            raise self.error
+
+
 @dataclass
-class Preemption:
+class Preemption(FaultThread):
     """A test thread: deletes TPU host 1's Node once the run's checkpoint at step >= 10 is committed,
     adds a replacement node to the pool, and records Ray's node list before and after."""
 
@@ -28,13 +56,6 @@ class Preemption:
     deleted_node: str = ""
     nodes_before: list[dict[str, Any]] = field(default_factory=list)
     nodes_after: list[dict[str, Any]] = field(default_factory=list)
-    error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as error:  # surfaced by the test
-            self.error = error
 
     def _training_run(self) -> str | None:
         runs = {n.split("/")[1] for n in self.gcs.list_objects(BUCKET, "checkpoints/") if "/orbax/" in n}

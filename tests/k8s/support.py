@@ -14,7 +14,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -139,6 +139,24 @@ class Connections:
         token = bind(self.cp, self.namespace, role)
         self.use(self.cp.kubeconfig_dict(token=token, user=SA, namespace=self.namespace))
         return token
+
+
+@contextlib.contextmanager
+def ray_namespace(cp: ControlPlane, prefix: str) -> Iterator[str]:
+    """A namespace where every pod runs Ray: GKE's TPU webhook on, ``raytpu_default`` -> it as admin,
+    READY confirmed with Ray. The RayServices and RayClusters a failed test left are deleted after."""
+    ns = cp.create_namespace(f"{prefix}-{suffix()}", tpu_webhook=True)
+    patch = pytest.MonkeyPatch()
+    Connections(cp, ns, patch, confirm_with_ray=True).as_admin()
+    try:
+        yield ns
+    finally:
+        with contextlib.suppress(Exception):
+            status, body = cp.request("GET", f"/apis/ray.io/v1/namespaces/{ns}/rayservices")
+            for service in json.loads(body)["items"] if status == 200 else []:
+                cp.request("DELETE", f"/apis/ray.io/v1/namespaces/{ns}/rayservices/{service['metadata']['name']}")
+            force_delete_clusters(cp, ns)
+        patch.undo()
 
 
 # -- node pools ----------------------------------------------------------------------------------

@@ -33,9 +33,6 @@ requests during the promotion: request_loop.py.
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,20 +46,18 @@ from tests.airflow_runner import TaskOutcome
 from tests.k8s.controlplane import ControlPlane
 from tests.k8s.example_runs import (
     BUCKET,
-    EXAMPLES,
     ROWS,
     V4,
     V6E,
     cluster_pods,
     committed_steps,
     conf,
-    cp_json,
     ran_for_real,
     run_example,
 )
 from tests.k8s.preemption import Preemption
 from tests.k8s.request_loop import RequestLoop
-from tests.k8s.support import Connections, NodePools, force_delete_clusters, states, suffix, wait_for, wait_no_pods
+from tests.k8s.support import NodePools, ray_namespace, states, wait_for, wait_no_pods
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(1800)]
 
@@ -97,36 +92,10 @@ def pools(cp: ControlPlane, module_node_pools: NodePools) -> Pools:
 
 
 @pytest.fixture(scope="module")
-def gcs(cp: ControlPlane) -> Iterator[FakeGcsServer]:
-    """The demo's fake GCS on the pod network's gateway (pods reach it there), with the raw data."""
-    assert cp.pod_network is not None
-    patch = pytest.MonkeyPatch()
-    with FakeGcsServer(host=cp.pod_network.gateway) as server:
-        server.create_bucket(BUCKET)
-        for key, value in server.env().items():  # this process, and every pod started from now on
-            patch.setenv(key, value)
-        sys.path.insert(0, str(EXAMPLES))
-        from pipeline.data import write_dataset
-
-        write_dataset(f"gs://{BUCKET}/raw/rows.jsonl", ROWS, seed=7)
-        yield server
-        patch.undo()
-
-
-@pytest.fixture(scope="module")
 def namespace(cp: ControlPlane) -> Iterator[str]:
-    """One namespace for the module (the RayService lives from the first finetune run to the last test),
-    with GKE's TPU webhook; ``raytpu_default`` -> it, as admin, READY confirmed with Ray (every pod runs
-    Ray). What a failed test left is deleted after."""
-    ns = cp.create_namespace(f"example-dags-{suffix()}", tpu_webhook=True)
-    patch = pytest.MonkeyPatch()
-    Connections(cp, ns, patch, confirm_with_ray=True).as_admin()
-    yield ns
-    with contextlib.suppress(Exception):
-        for service in cp_json(cp, f"/apis/ray.io/v1/namespaces/{ns}/rayservices")["items"]:
-            cp.request("DELETE", f"/apis/ray.io/v1/namespaces/{ns}/rayservices/{service['metadata']['name']}")
-        force_delete_clusters(cp, ns)
-    patch.undo()
+    """One namespace for the module (the RayService lives from the first finetune run to the last test)."""
+    with ray_namespace(cp, "example-dags") as ns:
+        yield ns
 
 
 # -- 1. nightly_embeddings ----------------------------------------------------------------------
@@ -184,14 +153,11 @@ def test_preempted_host_resumes_and_promotion_to_v2_fails_no_request(
     v1 = reference["checkpoint_uri"]
     serve = RayTpuHook().backend.services.serve_endpoint(SERVICE, namespace)
     preemption = Preemption(cp, namespace, gcs, pools.v4, reference["run_name"])
-    fault = threading.Thread(target=preemption.run, name="preemption", daemon=True)
-    fault.start()
+    preemption.start()
     with RequestLoop(lambda: serve.request("POST", "/", json=INPUTS, timeout=30)) as requests:
         second = run_example(airflow_home, "nightly_finetune", conf(gcs), day=3)
         time.sleep(2)  # a few more answers after the sensor saw v2 serving
-    fault.join(60)
-    if preemption.error is not None:
-        raise preemption.error
+    preemption.join(60)
 
     assert set(states(second).values()) == {"success"}, second
     train = second["train"].result

@@ -66,7 +66,7 @@ def raw_rows(fake_gcs: GcsStorage) -> str:
     return write_dataset(fake_gcs.uri("multislice", "rows.jsonl"), ROWS, seed=5)
 
 
-def train_dag(dag_id: str, checkpoints: str, rows: str, marker_dir: Path) -> str:
+def train_dag(dag_id: str, checkpoints: str, rows: str, marker_dir: Path, more: str = "") -> str:
     config = {"seed": 3, "total_steps": STEPS, "checkpoint_every": EVERY, "marker_dir": str(marker_dir),
               "shard_dataset": "shards"}
     return f'''
@@ -79,7 +79,7 @@ with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1)):
         task_id="train", cluster_name="multi", train_loop="multislice_loop:train_loop_per_worker",
         checkpoint_uri={checkpoints!r}, config={config!r}, datasets={{"shards": {rows!r}}},
         runtime_env={{"py_modules": [{str(PIPELINE)!r}, {str(LOOP)!r}]}},
-        retries=0, deferrable=False, poll_interval=0.5,
+        retries=0, deferrable=False, poll_interval=0.5, {more}
     )
 '''
 
@@ -159,3 +159,14 @@ def test_a_lost_host_restarts_both_slices_from_the_checkpoint(
     assert abs(result["metrics"]["loss"] - uninterrupted["result"]["metrics"]["loss"]) <= TOLERANCE
     slices = local_backend.state("multi", "default")["slices"]
     assert (slices[0]["restarts"], slices[1]["restarts"] >= 1) == (0, True), "only the lost slice was recreated"
+
+
+def test_an_elastic_range_beyond_the_clusters_slices_fails_before_submitting(
+        airflow_home: Path, two_slices: str, raw_rows: str, fake_gcs: GcsStorage, tmp_path: Path,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    outcome = run_dag(airflow_home, train_dag("multislice_too_many", fake_gcs.uri("ckpt-multi-many"), raw_rows,
+                                              tmp_path, more="num_slices=(1, 3),"), "multislice_too_many")
+    assert (outcome["train"].state, outcome["train"].try_number) == ("failed", 1)
+    assert ("num_slices=(1, 3): asks for up to 3 slices, but RayCluster default/multi has 2. Write "
+            "num_slices=(1, 2)") in capfd.readouterr().out
+    assert not list(tmp_path.iterdir()), "nothing trained"

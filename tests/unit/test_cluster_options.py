@@ -49,8 +49,8 @@ def spec_hash_of(manifest: dict[str, Any]) -> str:
 
 # The spec hashes of fa61dc7 (before the options became one value) and of release 0.1. A RayCluster or
 # RayService made by an older release must be adopted by a retry after an upgrade: change these only with a
-# migration (since 0.2: TPU hosts sized from their machine type, the v6e multi-host env and port; an object
-# of 0.1 is adopted through raytpu.dev/also-adopts).
+# migration (since 0.2: TPU hosts sized from their machine type, the v6e multi-host env and port, a multi-slice
+# host's MEGASCALE_NUM_SLICES and DCN port; an object of 0.1 is adopted through raytpu.dev/also-adopts).
 RELEASE_0_1 = ("7c81c600dd7c5c47", "855b4184db9badf7", "a28bd3cc63774e34", "0dd9b3b369449bb9")
 
 
@@ -85,12 +85,12 @@ def test_spec_hashes_are_pinned_for_fixed_inputs() -> None:
         "ce4340ebb252614c")
     assert spec_hash_of(build_ray_cluster(name="nightly", namespace="ml", tpu=two_spot, options=EVERY_OPTION,
                                           origin=ORIGIN, expires_at=datetime(2026, 12, 2, tzinfo=timezone.utc))) == (
-        "af6b07c94073cd75")
+        "2733841e0cb83e1f")
     assert spec_hash_of(build_ray_service(name="chat", namespace="ml", tpu=TpuSlice("v6e", "4x4"),
                                           applications=[LLM_APP], version="gs://b/ckpt-1")) == "e14b8ef8d652d425"
     assert spec_hash_of(build_ray_service(name="chat", namespace="ml", tpu=two_spot, applications=[LLM_APP],
                                           version="gs://b/ckpt-1", options=EVERY_OPTION, origin=ORIGIN,
-                                          cluster_deletion_delay_seconds=120)) == "fc5223bac59adf1d"
+                                          cluster_deletion_delay_seconds=120)) == "7c1f7242b3e9c9f8"
 
 
 def test_flat_options_move_into_one_dict_and_other_arguments_stay() -> None:

@@ -66,6 +66,10 @@ def test_templated_slice_fields_and_uris_parse_and_are_checked_at_run_time(tmp_p
                                        checkpoint_uri=uris["checkpoints"], datasets={"eval": prep.output["output_uri"]})
             literal = RayDataOperator(task_id="literal", cluster=create.output, input_uri="gs://b/raw",
                                       output_uri="gs://b/out/{{ ds }}", transform="m:f")
+            JaxTrainerOperator(task_id="elastic", cluster=create.output, train_loop="m:f", checkpoint_uri="gs://b/c",
+                               accelerator="v4", topology="2x2x2", num_slices=(1, 2))
+            JaxTrainerOperator(task_id="elastic_later", cluster=create.output, train_loop="m:f",
+                               checkpoint_uri="gs://b/c", num_slices="{{ params.slices }}")
     ''')
     assert bag.import_errors == {}
     dag = bag.dags["runtime_values"]
@@ -170,6 +174,15 @@ JOB = "cluster_name='c', "
      "train_loop='nocolon': is not an import path. Write 'package.module:name'"),
     ("JaxTrainerOperator(task_id='t', " + JOB + "train_loop='m:f', checkpoint_uri='')",
      "checkpoint_uri='': is empty. Give it, e.g. 'gs://bucket/checkpoints'"),
+    ("JaxTrainerOperator(task_id='t', " + JOB + "train_loop='m:f', checkpoint_uri='gs://b/c', num_slices=(2, 1))",
+     "num_slices=(2, 1): asks for at least 2 slices but at most 1. Write a slice count such as 2, or a range "
+     "(min, max) such as (1, 2)"),
+    ("JaxTrainerOperator(task_id='t', " + JOB + "train_loop='m:f', checkpoint_uri='gs://b/c', num_slices=[0, 2])",
+     "num_slices=[0, 2]: has a bound that must be at least 1"),
+    ("JaxTrainerOperator(task_id='t', " + JOB + "train_loop='m:f', checkpoint_uri='gs://b/c', num_slices=(1, 2), "
+     "accelerator='v4', topology='2x2x3')", "topology='2x2x3'"),
+    ("JaxTrainerOperator(task_id='t', " + JOB + "train_loop='m:f', checkpoint_uri='gs://b/c', resize_interval='1m')",
+     "resize_interval='1m': is not a number of seconds"),
     ("RayDataOperator(task_id='t', " + JOB + "input_uri='gs://b/in', output_uri='gs://b/out', transform='m.f')",
      "transform='m.f': is not an import path"),
     ("SubmitRayJobOperator(task_id='t', " + JOB + "entrypoint='')", "entrypoint='': is empty"),

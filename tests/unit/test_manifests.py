@@ -145,13 +145,31 @@ def test_user_fragments_merge_by_name() -> None:
     )
     spec = worker_group(manifest)["template"]["spec"]
     worker, sidecar = spec["containers"]
-    # KubeRay's v6e multi-host samples' env first (the shape is v6e 4x4), then the user's, merged by name.
-    assert [var["name"] for var in worker["env"][:4]] == [
-        "NODE_IP", "VBAR_CONTROL_SERVICE_URL", "JAX_PLATFORMS", "ENABLE_PJRT_COMPATIBILITY"]
-    assert worker["env"][4:] == [{"name": "A", "value": "2"}, {"name": "B", "value": "3"}]
+    # KubeRay's v6e multi-host samples' env first (the shape is two v6e 4x4 slices), the slice count GKE's
+    # TPU webhook looks for, then the user's, merged by name.
+    assert [var["name"] for var in worker["env"][:5]] == [
+        "NODE_IP", "VBAR_CONTROL_SERVICE_URL", "JAX_PLATFORMS", "ENABLE_PJRT_COMPATIBILITY", "MEGASCALE_NUM_SLICES"]
+    assert worker["env"][5:] == [{"name": "A", "value": "2"}, {"name": "B", "value": "3"}]
     assert worker["resources"]["limits"]["google.com/tpu"] == "4"
     assert sidecar == {"name": "sidecar", "image": "busybox"}
     assert [t["key"] for t in spec["tolerations"]] == ["google.com/tpu", "dedicated"]
+
+
+def test_hosts_of_several_slices_carry_the_slice_count_the_tpu_webhook_needs() -> None:
+    def host(tpu: TpuSlice, env: dict[str, str] | None = None) -> dict:
+        manifest = build_ray_cluster(name="n", namespace="ml", tpu=tpu, options=RayClusterOptions(env=env))
+        return worker_group(manifest)["template"]["spec"]["containers"][0]
+
+    for tpu in (TpuSlice("v4", "2x2x2", num_slices=2), TpuSlice("v5litepod", "2x2", num_slices=3)):
+        worker = host(tpu)
+        assert {"name": "MEGASCALE_NUM_SLICES", "value": str(tpu.num_slices)} in worker["env"], tpu
+        assert worker["ports"] == [{"name": "mxla", "containerPort": 8081}]
+    one = host(TpuSlice("v4", "2x2x2"))
+    assert "MEGASCALE_NUM_SLICES" not in {var["name"] for var in one["env"]} and "ports" not in one
+    # The user's value wins, once.
+    given = host(TpuSlice("v4", "2x2x2", num_slices=2), env={"MEGASCALE_NUM_SLICES": "2"})
+    assert [var for var in given["env"] if var["name"] == "MEGASCALE_NUM_SLICES"] == [
+        {"name": "MEGASCALE_NUM_SLICES", "value": "2"}]
 
 
 def test_merge_fragment_is_pure_and_deletes_with_none() -> None:

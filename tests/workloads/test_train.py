@@ -61,6 +61,21 @@ def test_each_worker_asks_for_its_hosts_chips(chips_per_host: int | None, worker
     assert (config.num_workers, config.resources_per_worker) == (workers, {"CPU": 1, "TPU": chips})
 
 
+def test_a_slice_range_trains_elastically_on_whole_slices() -> None:
+    args = ["--train-loop", "pkg.loop:fn", "--tpu", '{"accelerator": "v4", "topology": "2x2x2", "num_slices": 3}',
+            "--run-name", "r1", "--checkpoint-uri", "gs://bkt/runs"]
+    spec = parse_args([*args, "--slices", "1", "3", "--resize-interval", "5"])
+    assert (spec.slices, spec.worker_counts, spec.num_workers) == ((1, 3), [2, 4, 6], 6)  # 2 hosts per slice
+    config = scaling_config(spec.tpu, spec.slices, spec.resize_interval)
+    assert config.elasticity_enabled and (config.min_workers, config.max_workers) == (2, 6)
+    assert config.elastic_resize_monitor_interval_s == 5 and config.resources_per_worker == {"CPU": 1, "TPU": 4.0}
+    assert not scaling_config(spec.tpu).elasticity_enabled
+    with pytest.raises(ValueError, match=r"slices=\(1, 4\) must be \(min, max\) with 1 <= min <= max <= 3"):
+        parse_args([*args, "--slices", "1", "4"])
+    with pytest.raises(ValueError, match=r"slices=\(2, 1\)"):
+        parse_args([*args, "--slices", "2", "1"])
+
+
 def test_bad_inputs_fail_before_touching_ray(capsys: pytest.CaptureFixture[str]) -> None:
     common = ["--run-name", "r", "--checkpoint-uri", "/tmp/r", "--train-loop"]
     assert main([*common, "pkg.loop:fn", "--tpu", '{"accelerator": "v4", "topology": "4x4"}']) == EXIT_BAD_INPUT
