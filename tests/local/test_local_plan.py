@@ -30,8 +30,11 @@ def test_the_plan_gives_each_host_what_a_gke_tpu_host_gets() -> None:
             assert host.labels == {"ray.io/tpu-slice-name": f"two-slice-{index}",
                                    "ray.io/tpu-worker-id": str(worker_id), **{k: v for k, v in TPU_LABELS.items()
                                                                              if k != "ray.io/tpu-slice-name"}}
+            # The manifest's slice count, and what GKE's TPU webhook adds for it.
             assert host.env == {"FOO": "bar", "TPU_NAME": f"two-slice-{index}", "TPU_WORKER_ID": str(worker_id),
-                                "TPU_ACCELERATOR_TYPE": "v4-16", "TPU_TOPOLOGY": "2x2x2", "JAX_PLATFORMS": "cpu"}
+                                "TPU_ACCELERATOR_TYPE": "v4-16", "TPU_TOPOLOGY": "2x2x2", "JAX_PLATFORMS": "cpu",
+                                "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": str(index),
+                                "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1", "MEGASCALE_PORT": "8081"}
             assert host.num_cpus == 1
 
 

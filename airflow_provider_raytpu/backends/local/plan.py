@@ -120,6 +120,15 @@ def _container(template: Mapping[str, Any], resource: str | None = None) -> dict
     return containers[0]
 
 
+def _megascale_env(env: Mapping[str, str], slice_index: int) -> dict[str, str]:
+    """What GKE's TPU webhook adds to a host whose container sets ``MEGASCALE_NUM_SLICES``: its slice's id,
+    the coordinator (host 0 of slice 0: here, like every host, at 127.0.0.1) and the DCN port."""
+    if "MEGASCALE_NUM_SLICES" not in env:
+        return {}
+    return {"MEGASCALE_SLICE_ID": str(slice_index), "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1",
+            "MEGASCALE_PORT": "8081"}
+
+
 def _container_env(container: Mapping[str, Any]) -> dict[str, str]:
     return {e["name"]: str(e["value"]) for e in container.get("env") or [] if "name" in e and "value" in e}
 
@@ -232,6 +241,7 @@ def plan_cluster(manifest: Mapping[str, Any], max_hosts: int | None = None) -> L
                         "TPU_ACCELERATOR_TYPE": tpu.pod_type,
                         "TPU_TOPOLOGY": tpu.topology,
                         "JAX_PLATFORMS": "cpu",
+                        **_megascale_env(base_env, index),
                     },
                     slice_index=index,
                     worker_id=worker_id,
