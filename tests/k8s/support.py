@@ -152,8 +152,8 @@ def ray_namespace(cp: ControlPlane, prefix: str) -> Iterator[str]:
         yield ns
     finally:
         with contextlib.suppress(Exception):
-            status, body = cp.request("GET", f"/apis/ray.io/v1/namespaces/{ns}/rayservices")
-            for service in json.loads(body)["items"] if status == 200 else []:
+            status, services = get_json(cp, f"/apis/ray.io/v1/namespaces/{ns}/rayservices")
+            for service in services["items"] if status == 200 else []:
                 cp.request("DELETE", f"/apis/ray.io/v1/namespaces/{ns}/rayservices/{service['metadata']['name']}")
             force_delete_clusters(cp, ns)
         patch.undo()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.manifests.raycluster import tpu_slice_of
+from airflow_provider_raytpu.manifests.raycluster import MXLA_PORT, NUM_SLICES_ENV, tpu_slice_of
 from airflow_provider_raytpu.tpu import TPU_RESOURCE, TpuSlice
 
 HEAD_MAX_CPUS = 1
@@ -123,10 +123,10 @@ def _container(template: Mapping[str, Any], resource: str | None = None) -> dict
 def _megascale_env(env: Mapping[str, str], slice_index: int) -> dict[str, str]:
     """What GKE's TPU webhook adds to a host whose container sets ``MEGASCALE_NUM_SLICES``: its slice's id,
     the coordinator (host 0 of slice 0: here, like every host, at 127.0.0.1) and the DCN port."""
-    if "MEGASCALE_NUM_SLICES" not in env:
+    if NUM_SLICES_ENV not in env:
         return {}
     return {"MEGASCALE_SLICE_ID": str(slice_index), "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1",
-            "MEGASCALE_PORT": "8081"}
+            "MEGASCALE_PORT": str(MXLA_PORT["containerPort"])}
 
 
 def _container_env(container: Mapping[str, Any]) -> dict[str, str]:
