@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from airflow_provider_raytpu.capacity import ON_DEMAND, SPOT, Capacity
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.gke_tpu import GKE_TOPOLOGIES, HOST_MACHINES, MACHINE_TYPES, MachineType, offered_shapes
 from airflow_provider_raytpu.values import parse_bool, parse_int, parse_optional_int
@@ -23,7 +24,6 @@ from airflow_provider_raytpu.values import parse_bool, parse_int, parse_optional
 CHIPS_PER_HOST = 4
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
 GKE_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
-GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
 TPU_RESOURCE = "google.com/tpu"
 #: The most slices one RayCluster takes: more than the largest multislice runs published (199 v5e slices).
 MAX_SLICES = 256
@@ -241,9 +241,11 @@ class TpuSlice:
         ``"v5litepod"``); never a GKE label or a chip count.
     :param topology: the slice shape, e.g. ``"4x4"`` or ``"2x2x2"``.
     :param num_slices: how many identical slices (multislice), at least 1.
-    :param spot: run on spot (preemptible) capacity.
+    :param spot: run on spot (preemptible) capacity: the older spelling of ``capacity="spot"``.
     :param chips_per_host: chips per host when the generation offers a choice
         (v5e/v6e ``2x4`` is one 8-chip host by default, or two 4-chip hosts with 4).
+    :param capacity: where the TPUs come from: ``on-demand`` (default), ``spot``, ``reservation:<name>`` or
+        ``flex-start`` (:class:`~airflow_provider_raytpu.capacity.Capacity`).
     """
 
     accelerator: str
@@ -251,6 +253,7 @@ class TpuSlice:
     num_slices: int = 1
     spot: bool = False
     chips_per_host: int | None = None
+    capacity: Capacity = Capacity()
 
     def __post_init__(self) -> None:
         generation = parse_generation(self.accelerator)
@@ -270,8 +273,10 @@ class TpuSlice:
         object.__setattr__(self, "accelerator", generation.name)
         object.__setattr__(self, "topology", topology)
         object.__setattr__(self, "num_slices", num_slices)
-        object.__setattr__(self, "spot", spot)
+        capacity = _capacity(spot, self.capacity)
+        object.__setattr__(self, "spot", capacity.kind == SPOT)
         object.__setattr__(self, "chips_per_host", chips_per_host)
+        object.__setattr__(self, "capacity", capacity)
 
     @cached_property
     def generation(self) -> Generation:
@@ -343,22 +348,20 @@ class TpuSlice:
     @property
     def node_selector(self) -> dict[str, str]:
         """GKE node labels a TPU host pod must land on."""
-        selector = {
+        return {
             GKE_ACCELERATOR_LABEL: self.generation.gke_accelerator,
             GKE_TOPOLOGY_LABEL: self.topology,
+            **self.capacity.node_selector,
         }
-        if self.spot:
-            selector[GKE_SPOT_LABEL] = "true"
-        return selector
 
     def describe(self) -> str:
         """One line for logs: ``v6e 4x4 x 2 slices (4 hosts x 4 chips each, 32 chips)``."""
         slices = plural(self.num_slices, "slice")
-        spot = ", spot" if self.spot else ""
+        capacity = "" if self.capacity.kind == ON_DEMAND else f", {self.capacity.describe()}"
         return (
             f"{self.accelerator} {self.topology} x {slices} "
             f"({plural(self.hosts_per_slice, 'host')} x {plural(self.host_chips, 'chip')} each, "
-            f"{plural(self.total_chips, 'chip')}{spot})"
+            f"{plural(self.total_chips, 'chip')}{capacity})"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -368,6 +371,7 @@ class TpuSlice:
             "num_slices": self.num_slices,
             "spot": self.spot,
             "chips_per_host": self.chips_per_host,
+            "capacity": str(self.capacity),
         }
 
     @classmethod
@@ -375,7 +379,7 @@ class TpuSlice:
         """Rebuild a slice from :meth:`to_dict` output, rejecting unknown keys."""
         if not isinstance(data, dict):
             raise InvalidInputError("tpu", data, "is not a slice description", "Pass TpuSlice.to_dict() output")
-        known = {"accelerator", "topology", "num_slices", "spot", "chips_per_host"}
+        known = {"accelerator", "topology", "num_slices", "spot", "chips_per_host", "capacity"}
         if unknown := sorted(set(data) - known):
             raise InvalidInputError(
                 "tpu", data, f"has unknown keys {unknown}", f"Use only {sorted(known)}"
@@ -384,3 +388,13 @@ class TpuSlice:
         if missing:
             raise InvalidInputError("tpu", data, f"lacks {missing}", "Give accelerator and topology")
         return cls(**data)
+
+
+def _capacity(spot: bool, capacity: Any) -> Capacity:
+    """``capacity``, or spot capacity for the older ``spot=True``; the two must agree when both are given."""
+    parsed = Capacity.parse(capacity)
+    if spot and parsed.kind not in (SPOT, ON_DEMAND):
+        raise InvalidInputError(
+            "spot/capacity", (spot, capacity), f"ask for spot and for {parsed.describe()} at once",
+            f"Write capacity={str(parsed)!r} alone (spot=True is the older spelling of capacity='spot')")
+    return Capacity(SPOT) if spot else parsed

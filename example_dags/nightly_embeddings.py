@@ -27,7 +27,8 @@ with DAG(
         "accelerator": Param("v4", type="string", description="TPU generation: v4, v5e, v5p, v6e, v7x"),
         "topology": Param("2x2x2", type="string", description="slice shape, e.g. 4x4 (never a chip count)"),
         "slices": Param("1", type=["string", "integer"]),
-        "spot": Param("true", type=["string", "boolean"]),
+        "capacity": Param("spot", type="string",
+                           description="GKE capacity: on-demand, spot, reservation:<name> or flex-start"),
         "storage": Param("gs://raytpu-demo", type="string"),
     },
     tags=["raytpu", "tpu", "embeddings"],
@@ -37,7 +38,7 @@ with DAG(
         accelerator="{{ params.accelerator }}",
         topology="{{ params.topology }}",
         num_slices="{{ params.slices }}",
-        spot="{{ params.spot }}",
+        capacity="{{ params.capacity }}",
     )
     ready = RayClusterReadySensor(task_id="wait_cluster_ready", cluster=create.output, timeout=3600, poke_interval=2)
     embed = RayDataOperator(

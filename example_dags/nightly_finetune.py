@@ -41,7 +41,8 @@ with DAG(
         "accelerator": Param("v4", type="string", description="TPU generation: v4, v5e, v5p, v6e, v7x"),
         "topology": Param("2x2x2", type="string", description="slice shape, e.g. 4x4 (never a chip count)"),
         "slices": Param("1", type=["string", "integer"]),
-        "spot": Param("false", type=["string", "boolean"]),
+        "capacity": Param("on-demand", type="string",
+                           description="GKE capacity: on-demand, spot, reservation:<name> or flex-start"),
         "serve_accelerator": Param("v6e", type="string"),
         "serve_topology": Param("2x2", type="string"),
         "storage": Param("gs://raytpu-demo", type="string", description="bucket (and prefix) for data and checkpoints"),
@@ -55,7 +56,7 @@ with DAG(
         accelerator="{{ params.accelerator }}",
         topology="{{ params.topology }}",
         num_slices="{{ params.slices }}",
-        spot="{{ params.spot }}",
+        capacity="{{ params.capacity }}",
     )
     ready = RayClusterReadySensor(task_id="wait_cluster_ready", cluster=create.output, timeout=3600, poke_interval=2)
     preprocess = RayDataOperator(

@@ -151,11 +151,7 @@ def _host_env(tpu: TpuSlice, env: Mapping[str, str] | None) -> list[dict[str, An
 def _worker_template(tpu: TpuSlice, image: str, resources: Mapping[str, Any],
                      env: Mapping[str, str] | None, service_account: str | None) -> dict[str, Any]:
     limits = {**_str_map(resources), TPU_RESOURCE: str(tpu.host_chips)}
-    tolerations = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
-    if tpu.spot:
-        tolerations.append(
-            {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
-        )
+    tolerations = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}, *tpu.capacity.tolerations]
     spec: dict[str, Any] = {
         "containers": [
             {

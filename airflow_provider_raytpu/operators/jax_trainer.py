@@ -111,6 +111,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
     :param resize_interval: with a ``num_slices`` range, seconds between Ray Train's checks for more
         ready slices (its ``elastic_resize_monitor_interval_s``).
     :param spot: optional, with the slice fields; spot capacity does not change the shape.
+    :param capacity: optional, with the slice fields; like ``spot``, not compared with the cluster's.
     :param chips_per_host: optional; must agree with the cluster's slice.
     :param resume_on_clear: after a user's Clear, resume the run the cleared task trained
         (its newest checkpoint) instead of starting a new run from step 0.
@@ -142,6 +143,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         num_slices: int | str | Sequence[int] | None = None,
         spot: bool | str = False,
         chips_per_host: int | str | None = None,
+        capacity: str | None = None,
         resume_on_clear: bool = False,
         resize_interval: float = 60.0,
         **kwargs: Any,
@@ -157,7 +159,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
             raise InvalidInputError("resize_interval", resize_interval, "is not a number of seconds",
                                     "Write e.g. 60 (Ray Train's default)")
         if accelerator or topology:
-            check_literal_slice(accelerator or "", topology or "", _most(num_slices), spot, chips_per_host)
+            check_literal_slice(accelerator or "", topology or "", _most(num_slices), spot, chips_per_host, capacity)
         profile_window(profile_steps)
         check_literal(train_loop, lambda value: check_import_path(value, "train_loop"))
         check_literal(checkpoint_uri, lambda value: check_not_empty(value, "checkpoint_uri", "'gs://bucket/checkpoints'"))
@@ -176,6 +178,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         self.num_slices = num_slices
         self.spot = spot
         self.chips_per_host = chips_per_host
+        self.capacity = capacity
         self.resume_on_clear = resume_on_clear
         self.resize_interval = resize_interval
 
@@ -183,7 +186,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         if not self.accelerator and not self.topology:
             return None
         return TpuSlice(self.accelerator or "", self.topology or "", _most(self.num_slices), self.spot,
-                        self.chips_per_host)
+                        self.chips_per_host, self.capacity)
 
     def slice_range(self, tpu: TpuSlice) -> tuple[int, int] | None:
         """The elastic ``(min, max)`` slices, checked against the cluster's ``tpu``; ``None``: all of them."""

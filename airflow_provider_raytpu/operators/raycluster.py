@@ -71,8 +71,11 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
     :param accelerator: TPU generation, e.g. ``"v6e"``.
     :param topology: slice shape, e.g. ``"4x4"``.
     :param num_slices: number of identical slices.
-    :param spot: use spot (preemptible) TPU capacity.
+    :param spot: use spot (preemptible) TPU capacity: the older spelling of ``capacity="spot"``.
     :param chips_per_host: chips per host where the generation offers a choice.
+    :param capacity: where the TPUs come from: ``"on-demand"`` (default), ``"spot"``, ``"reservation:<name>"``
+        (``"reservation:<project>/<name>"`` shared, ``"reservation:any"``) or ``"flex-start"``
+        (``"flex-start:24h"``: a max run duration); see :class:`~airflow_provider_raytpu.capacity.Capacity`.
     :param cluster_name: the RayCluster's name; default: the DAG and task ids and a hash of
         DAG id, run id, task id and map index (one cluster per DAG run and task, the same on every retry).
     :param namespace: the namespace; default: the connection's.
@@ -84,7 +87,7 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         argument of its own (``image=...``, ``env=...``), but not both ways.
     :param max_lifetime: after this (a ``timedelta``, or seconds), :class:`DeleteExpiredRayClustersOperator`
         deletes the cluster, unless a Ray job or its DAG run is still running; adopting the cluster (a
-        retry, a Clear) renews it from then.
+        retry, a Clear) renews it from then. A flex-start slice's max run duration bounds it.
     :param update_if_exists: recreate this task's own cluster when its spec differs, instead of failing.
     """
 
@@ -108,6 +111,7 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         num_slices: int | str = 1,
         spot: bool | str = False,
         chips_per_host: int | str | None = None,
+        capacity: str | None = None,
         cluster_name: str | None = None,
         namespace: str | None = None,
         raytpu_conn_id: str | None = None,
@@ -117,7 +121,8 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         **kwargs: Any,
     ) -> None:
         options = take_cluster_options(cluster_options, kwargs)
-        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host, raytpu_conn_id=raytpu_conn_id)
+        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host, capacity,
+                            raytpu_conn_id=raytpu_conn_id)
         check_literal(options, RayClusterOptions.from_value)
         lifetime = parse_lifetime(max_lifetime)
         super().__init__(**kwargs)
@@ -126,6 +131,7 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         self.num_slices = num_slices
         self.spot = spot
         self.chips_per_host = chips_per_host
+        self.capacity = capacity
         self.cluster_name = cluster_name
         self.namespace = namespace
         self.raytpu_conn_id = raytpu_conn_id
@@ -135,7 +141,8 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
-            tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host)
+            tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host,
+                           self.capacity)
             check_offered(tpu, self.hook.settings.backend, self.log)
             options = RayClusterOptions.from_value(self.cluster_options)
             update_if_exists = parse_bool(self.update_if_exists, "update_if_exists")
@@ -147,7 +154,7 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
                 tpu=tpu,
                 options=options,
                 origin=origin_of(context),
-                expires_at=datetime.now(timezone.utc) + self.max_lifetime,
+                expires_at=datetime.now(timezone.utc) + lifetime_on(tpu, self.max_lifetime),
             )
             self.log.info("RayCluster %s/%s: %s", namespace, name, tpu.describe())
             result = self.backend.apply_cluster(manifest, update_if_exists=update_if_exists)
@@ -172,6 +179,12 @@ def parse_lifetime(value: Any) -> timedelta:
         raise InvalidInputError("max_lifetime", value, "is not longer than zero: the cluster would be expired "
                                 "when it is made", "Give how long the cluster may live, e.g. timedelta(hours=24)")
     return value
+
+
+def lifetime_on(tpu: TpuSlice, max_lifetime: timedelta) -> timedelta:
+    """``max_lifetime``, but no longer than a flex-start slice's max run duration: GKE reclaims its VMs then."""
+    run = tpu.capacity.max_run_seconds
+    return min(max_lifetime, timedelta(seconds=run)) if run else max_lifetime
 
 
 def renew_expiry(task: CreateRayClusterOperator, stored: dict[str, Any], manifest: dict[str, Any]) -> None:

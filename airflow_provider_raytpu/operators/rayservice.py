@@ -102,8 +102,11 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
     :param accelerator: TPU generation, e.g. ``"v6e"``.
     :param topology: slice shape, e.g. ``"4x4"``.
     :param num_slices: number of identical slices in the serving cluster.
-    :param spot: use spot (preemptible) TPU capacity.
+    :param spot: use spot (preemptible) TPU capacity: the older spelling of ``capacity="spot"``.
     :param chips_per_host: chips per host where the generation offers a choice.
+    :param capacity: where the TPUs come from: ``"on-demand"`` (default), ``"spot"``, ``"reservation:<name>"``
+        (``"reservation:<project>/<name>"`` shared, ``"reservation:any"``) or ``"flex-start"``
+        (``"flex-start:24h"``: a max run duration); see :class:`~airflow_provider_raytpu.capacity.Capacity`.
     :param service_name: the RayService's name (at most 47 characters); default: the DAG and
         task ids and a hash of both and the map index (one RayService per DAG and deploy task, and
         per map index of a mapped one).
@@ -147,6 +150,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         num_slices: int | str = 1,
         spot: bool | str = False,
         chips_per_host: int | str | None = None,
+        capacity: str | None = None,
         service_name: str | None = None,
         namespace: str | None = None,
         raytpu_conn_id: str | None = None,
@@ -159,7 +163,8 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         **kwargs: Any,
     ) -> None:
         options = take_cluster_options(cluster_options, kwargs)
-        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host, raytpu_conn_id=raytpu_conn_id)
+        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host, capacity,
+                            raytpu_conn_id=raytpu_conn_id)
         check_literal(options, RayClusterOptions.from_value)
         check_literal((upgrade_strategy, in_place), lambda given: check_upgrade_strategy(
             given[0], parse_bool(given[1], "in_place")))
@@ -171,6 +176,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         self.num_slices = num_slices
         self.spot = spot
         self.chips_per_host = chips_per_host
+        self.capacity = capacity
         self.service_name = service_name
         self.namespace = namespace
         self.raytpu_conn_id = raytpu_conn_id
@@ -183,7 +189,8 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
-            tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host)
+            tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host,
+                           self.capacity)
             check_offered(tpu, self.hook.settings.backend, self.log)
             options = RayClusterOptions.from_value(self.cluster_options)
             in_place = parse_bool(self.in_place, "in_place")

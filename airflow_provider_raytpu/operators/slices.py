@@ -16,7 +16,7 @@ from airflow_provider_raytpu.gke_tpu import offered_shapes
 from airflow_provider_raytpu.operators.base import is_templated
 from airflow_provider_raytpu.tpu import TpuSlice
 
-SLICE_FIELDS = ("accelerator", "topology", "num_slices", "spot", "chips_per_host")
+SLICE_FIELDS = ("accelerator", "topology", "num_slices", "spot", "chips_per_host", "capacity")
 #: Backends that make only the node pools GKE offers (the local one emulates GKE).
 GKE_SHAPES_ONLY = ("gke", "local")
 
@@ -65,7 +65,7 @@ def check_literal_slice(*fields: Any, raytpu_conn_id: Any = None) -> None:
 
     Templated values (Jinja, ``XComArg``) are known only at run time, and checked then.
 
-    :param fields: accelerator, topology, num_slices, spot and chips_per_host as given.
+    :param fields: accelerator, topology, num_slices, spot, chips_per_host and capacity as given.
     :param raytpu_conn_id: the task's ``raytpu`` connection as given.
     """
     if any(is_templated(value) for value in fields):

@@ -27,7 +27,7 @@ CONF = {
     "accelerator": "v4",
     "topology": "2x2x2",
     "slices": "1",
-    "spot": "false",
+    "capacity": "on-demand",
     "serve_accelerator": "v6e",
     "serve_topology": "2x2",
     "storage": f"gs://{BUCKET}",

@@ -21,6 +21,6 @@ def test_unpausing_the_example_runs_it_once_on_the_smallest_slice(deployment: Ai
 
     created = api.xcom(DAG_ID, run_id, "create_cluster")
     tpu = created["tpu"]
-    assert (tpu["accelerator"], tpu["topology"], tpu["num_slices"], tpu["spot"]) == ("v6e", "2x2", 1, False)
+    assert (tpu["accelerator"], tpu["topology"], tpu["num_slices"], tpu["capacity"]) == ("v6e", "2x2", 1, "on-demand")
     assert api.xcom(DAG_ID, run_id, "delete_cluster")["deleted"] is True
     assert local_backend(deployment).get_cluster(created["cluster_name"], created["namespace"]) is None

@@ -103,7 +103,7 @@ def namespace(cp: ControlPlane) -> Iterator[str]:
 
 def test_nightly_embeddings_on_a_spot_slice_with_a_raylet_per_host(
         airflow_home: Path, cp: ControlPlane, pools: Pools, gcs: FakeGcsServer, namespace: str) -> None:
-    outcome = run_example(airflow_home, "nightly_embeddings", conf(gcs, spot="true"), day=1)
+    outcome = run_example(airflow_home, "nightly_embeddings", conf(gcs, capacity="spot"), day=1)
 
     assert set(states(outcome).values()) == {"success"}, outcome
     cluster = outcome["create_cluster"].result["cluster_name"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raytpu.manifests.raycluster import EXPIRES_AT_ANNOTATION, format_expiry
+from airflow_provider_raytpu.manifests.raycluster import EXPIRES_AT_ANNOTATION, format_expiry, parse_expiry
 from tests.airflow_runner import run_dag, task_instances
 from tests.fakekube.kuberay import KubeRayReactor
 from tests.fakekube.server import FakeKubeApiServer
@@ -52,7 +52,8 @@ def test_create_ready_delete_with_ui_string_params(airflow_home: Path, connectio
         "cluster_name": "nightly-train",
         "namespace": NAMESPACE,
         "raytpu_conn_id": "raytpu_default",
-        "tpu": {"accelerator": "v6e", "topology": "4x4", "num_slices": 2, "spot": False, "chips_per_host": None},
+        "tpu": {"accelerator": "v6e", "topology": "4x4", "num_slices": 2, "spot": False, "chips_per_host": None,
+                "capacity": "on-demand"},
         "dashboard_url": f"{kube.url}/api/v1/namespaces/{NAMESPACE}/services/nightly-train-head-svc:dashboard/proxy",
     }
     assert outcome["wait_ready"].result["ready_hosts"] == 8
@@ -108,6 +109,40 @@ def test_bad_slice_fails_before_any_api_call(airflow_home: Path, connections: No
     # The teardown runs although its setups failed (a create can fail after applying); it finds nothing.
     assert outcome["delete_cluster"].state == "success"
     assert outcome["delete_cluster"].result["cluster_names"] == [] and kube.count("DELETE") == 0
+
+
+CAPACITY = '''
+from datetime import datetime
+from airflow.sdk import DAG, Param
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
+
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), default_args={{"retries": 2, "retry_delay": 0}},
+         params={{"capacity": Param("on-demand", type="string")}}):
+    CreateRayClusterOperator(task_id="create_cluster", cluster_name="{dag_id}", accelerator="v6e", topology="4x4",
+                             capacity="{{{{ params.capacity }}}}")
+'''
+
+
+def test_capacity_chosen_in_the_ui_selects_its_nodes(airflow_home: Path, connections: None,
+                                                     kube: FakeKubeApiServer) -> None:
+    """A trigger's ``capacity`` param reaches the host pods; a flex-start duration bounds the expiry; a bad one
+    fails once, before any API call, naming the forms."""
+    started = datetime.now(timezone.utc).replace(microsecond=0)
+    runs = {"reserved": "reservation:tpu-owner-1/nightly-v6e", "flex": "flex-start:6h", "typo": "reserve:nightly"}
+    outcome = {dag_id: run_dag(airflow_home, CAPACITY.format(dag_id=dag_id), dag_id, conf={"capacity": capacity})
+               ["create_cluster"] for dag_id, capacity in runs.items()}
+    assert outcome["reserved"].result["tpu"]["capacity"] == "reservation:tpu-owner-1/nightly-v6e"
+    reserved = kube.get_object("rayclusters", NAMESPACE, "reserved")
+    (group,) = reserved["spec"]["workerGroupSpecs"]
+    assert group["template"]["spec"]["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "4x4",
+        "cloud.google.com/reservation-name": "nightly-v6e", "cloud.google.com/reservation-affinity": "specific",
+        "cloud.google.com/reservation-project": "tpu-owner-1"}
+    flex = kube.get_object("rayclusters", NAMESPACE, "flex")
+    expiry = parse_expiry(flex["metadata"]["annotations"][EXPIRES_AT_ANNOTATION])
+    assert started + timedelta(hours=6) <= expiry <= datetime.now(timezone.utc) + timedelta(hours=6)
+    assert (outcome["typo"].state, outcome["typo"].try_number) == ("failed", 1)
+    assert kube.get_object("rayclusters", NAMESPACE, "typo") is None
 
 
 EXPIRED = '''

@@ -24,7 +24,7 @@ def test_example_dags_parse() -> None:
         assert {"create_cluster", next(t for t in setups if t.startswith("wait"))} == setups, dag_id
     for dag_id in ("nightly_finetune", "nightly_embeddings"):
         params = bag.dags[dag_id].params
-        assert {"accelerator", "topology", "slices", "spot"} <= set(params), dag_id
+        assert {"accelerator", "topology", "slices", "capacity"} <= set(params), dag_id
         assert bag.dags[dag_id].default_args["retries"] >= 1
 
 

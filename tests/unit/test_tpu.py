@@ -92,7 +92,8 @@ def test_json_round_trip() -> None:
     s = TpuSlice("TPU-V6E", "4x4", num_slices="2", spot="true")
     data = json.loads(json.dumps(s.to_dict()))
     assert TpuSlice.from_dict(data) == s
-    assert data == {"accelerator": "v6e", "topology": "4x4", "num_slices": 2, "spot": True, "chips_per_host": None}
+    assert data == {"accelerator": "v6e", "topology": "4x4", "num_slices": 2, "spot": True, "chips_per_host": None,
+                    "capacity": "spot"}
 
 
 def test_describe() -> None:
