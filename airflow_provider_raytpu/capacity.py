@@ -133,6 +133,27 @@ class Capacity:
         return []
 
 
+def parse_capacities(value: Any, field: str = "capacity") -> tuple[Capacity, ...]:
+    """One capacity, or several to try in order: ``["reservation:r1", "spot"]``, or as a template renders a list
+    (``"['reservation:r1', 'spot']"``) or a UI param writes it (``"reservation:r1, spot"``).
+
+    :raises InvalidInputError: for a value :meth:`Capacity.parse` refuses, an empty list and a kind listed twice.
+    """
+    if isinstance(value, str) and "," in value:
+        value = [part.strip().strip("'\"") for part in value.strip().strip("[]()").split(",")]
+    if not isinstance(value, (list, tuple)):
+        return (Capacity.parse(value, field),)
+    if any(item is None or (isinstance(item, str) and not item.strip()) for item in value):
+        raise InvalidInputError(field, value, "has an empty entry", "List capacities such as reservation:r1, spot")
+    kinds = tuple(Capacity.parse(item, field) for item in value)
+    if not kinds:
+        raise InvalidInputError(field, value, "lists no capacity", f"Write one of {FORMS}, or a list of them")
+    if len(set(kinds)) < len(kinds):
+        raise InvalidInputError(field, value, "lists a capacity twice",
+                                "List each capacity once, in the order to try them")
+    return kinds
+
+
 def _reservation(value: str, detail: str, field: str) -> Capacity:
     project, _, name = detail.rpartition("/")
     if name == ANY_RESERVATION and not project:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
 
-__all__ = ["parse_bool", "parse_int", "parse_optional_int", "parse_slice_range"]
+__all__ = ["parse_bool", "parse_duration", "parse_int", "parse_optional_int", "parse_slice_range"]
 
 
 def parse_int(value: Any, field: str, *, minimum: int = 1, example: int = 2, maximum: int | None = None,
@@ -35,6 +36,24 @@ def parse_optional_int(value: Any, field: str, *, example: int) -> int | None:
     if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
         return None
     return parse_int(value, field, example=example)
+
+
+def parse_duration(value: Any, field: str, *, example: str, why_positive: str = "") -> timedelta:
+    """A duration given as a ``timedelta`` or a number of seconds (a template's ``"600"`` too), more than zero.
+
+    :param example: a value to suggest, e.g. ``"timedelta(minutes=20)"``.
+    :param why_positive: what zero or less would mean, for the error.
+    """
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", value):
+        value = float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = timedelta(seconds=value)
+    if not isinstance(value, timedelta):
+        raise InvalidInputError(field, value, "is not a duration",
+                                f"Give a timedelta, e.g. {example}, or a number of seconds")
+    if value <= timedelta(0):
+        raise InvalidInputError(field, value, f"is not longer than zero{why_positive}", f"Give e.g. {example}")
+    return value
 
 
 def parse_bool(value: Any, field: str) -> bool:

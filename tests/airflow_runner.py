@@ -28,13 +28,15 @@ def ensure_airflow_db() -> None:
 
 @dataclass
 class TaskOutcome:
-    """A task's state, try, return value and links (as the API server answers them) after a run."""
+    """A task's state, try, return value, links (as the API server answers them) and other XComs (by key; of an
+    unmapped task) after a run."""
 
     state: str
     try_number: int
     result: Any
     links: dict[str, str | None] = field(default_factory=dict)
     ti_id: str = ""
+    xcoms: dict[str, Any] = field(default_factory=dict)
 
 
 # How Airflow's serde tags what JSON cannot hold (a tuple, a datetime, ...): a plain XCom has none.
@@ -123,7 +125,8 @@ def task_instances(outcome: dict[str, TaskOutcome]) -> dict[str, str]:
 def outcomes(run: Any) -> dict[str, TaskOutcome]:
     """Each task's outcome, by task id (``task_id[i]`` for map index i of a mapped task); fails when any
     XCom of the run (every task's return value and links, in every test that runs a DAG) is not plain JSON."""
-    tagged = [problem for (task, key), value in run_xcoms(run).items() for problem in not_plain(value, f"{task}:{key}")]
+    stored = run_xcoms(run)
+    tagged = [problem for (task, key), value in stored.items() for problem in not_plain(value, f"{task}:{key}")]
     assert not tagged, f"XComs that are not plain JSON: {tagged}"
     found = {}
     for ti in run.get_task_instances():
@@ -131,7 +134,9 @@ def outcomes(run: Any) -> dict[str, TaskOutcome]:
         result = ti.xcom_pull(task_ids=ti.task_id, map_indexes=ti.map_index) if mapped else ti.xcom_pull(
             task_ids=ti.task_id)
         found[f"{ti.task_id}[{ti.map_index}]" if mapped else ti.task_id] = TaskOutcome(
-            str(ti.state), ti.try_number, result, task_links(run, ti.task_id, ti.map_index), str(ti.id))
+            str(ti.state), ti.try_number, result, task_links(run, ti.task_id, ti.map_index), str(ti.id),
+            {} if mapped else {key: value for (task, key), value in stored.items()
+                               if task == ti.task_id and key != "return_value" and not key.startswith("_link_")})
     return found
 
 

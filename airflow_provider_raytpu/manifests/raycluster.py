@@ -31,6 +31,7 @@ TPU_SLICE_ANNOTATION = KEY_PREFIX + "tpu-slice"
 SPEC_HASH_ANNOTATION = KEY_PREFIX + "spec-hash"
 ALSO_ADOPTS_ANNOTATION = KEY_PREFIX + "also-adopts"  # spec hashes an older release gave the same spec
 EXPIRES_AT_ANNOTATION = KEY_PREFIX + "expires-at"
+CAPACITY_TRIED_ANNOTATION = KEY_PREFIX + "capacity-tried"  # the capacity kinds a create task gave up
 ORIGINATED_FROM_LABEL = "ray.io/originated-from-cr-name"  # KubeRay's, on the RayClusters of a RayService
 
 DEFAULT_WORKER_GROUP = "tpu-slices"

@@ -22,20 +22,26 @@ from airflow_provider_raytpu.manifests.raycluster import (
 )
 from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER
 from airflow_provider_raytpu.backends.base import Applied
-from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.capacity import Capacity, parse_capacities
 from airflow_provider_raytpu.operators.base import (
     ClusterTaskMixin,
     check_literal,
     fail_fast,
+    is_templated,
     map_index_of,
     origin_of,
+)
+from airflow_provider_raytpu.operators.capacity_fallback import (
+    CapacityFallbackMixin,
+    parse_fallback_after,
+    resume_at,
 )
 from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
 from airflow_provider_raytpu.operators.links import RayDashboardLink, push_dashboard_link
 from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice, check_offered
 from airflow_provider_raytpu.status import ClusterStatus
 from airflow_provider_raytpu.tpu import TpuSlice
-from airflow_provider_raytpu.values import parse_bool
+from airflow_provider_raytpu.values import parse_bool, parse_duration
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -53,7 +59,7 @@ def default_cluster_name(context: Context) -> str:
                       RAY_CLUSTER_NAME_LIMIT)
 
 
-class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
+class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
     """Create a RayCluster whose TPU worker group is ``num_slices`` whole slices of one shape.
 
     Declare the slice shape, never a chip count: hosts per slice, chips per host, the
@@ -76,6 +82,11 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
     :param capacity: where the TPUs come from: ``"on-demand"`` (default), ``"spot"``, ``"reservation:<name>"``
         (``"reservation:<project>/<name>"`` shared, ``"reservation:any"``) or ``"flex-start"``
         (``"flex-start:24h"``: a max run duration); see :class:`~airflow_provider_raytpu.capacity.Capacity`.
+        A list (``["reservation:r1", "spot"]``) is tried in order, with ``fallback_after``
+        (:mod:`~airflow_provider_raytpu.operators.capacity_fallback`): the task then defers until the slices
+        are placed, and its ``capacity`` XCom says what was tried and what is used.
+    :param fallback_after: with a capacity list, how long (a ``timedelta``, or seconds) each kind may take to
+        place every TPU host before the cluster is deleted and made on the next kind.
     :param cluster_name: the RayCluster's name; default: the DAG and task ids and a hash of
         DAG id, run id, task id and map index (one cluster per DAG run and task, the same on every retry).
     :param namespace: the namespace; default: the connection's.
@@ -98,6 +109,7 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         "raytpu_conn_id",
         "cluster_options",
         "update_if_exists",
+        "fallback_after",
     )
     template_fields_renderers = {"cluster_options": "json"}
     operator_extra_links = (RayDashboardLink(),)
@@ -118,11 +130,15 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         cluster_options: RayClusterOptions | Mapping[str, Any] | str | None = None,
         max_lifetime: timedelta | float = timedelta(hours=24),
         update_if_exists: bool | str = False,
+        fallback_after: timedelta | float | str | None = None,
         **kwargs: Any,
     ) -> None:
         options = take_cluster_options(cluster_options, kwargs)
-        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host, capacity,
+        kinds = None if is_templated(capacity) else parse_capacities(capacity)
+        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host, kinds[0] if kinds else capacity,
                             raytpu_conn_id=raytpu_conn_id)
+        if kinds:
+            check_literal(fallback_after, lambda value: parse_fallback_after(value, kinds))
         check_literal(options, RayClusterOptions.from_value)
         lifetime = parse_lifetime(max_lifetime)
         super().__init__(**kwargs)
@@ -138,15 +154,28 @@ class CreateRayClusterOperator(ClusterTaskMixin, BaseOperator):
         self.cluster_options = options
         self.max_lifetime = lifetime
         self.update_if_exists = update_if_exists
+        self.fallback_after = fallback_after
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any] | None:
         with fail_fast():
-            tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host,
-                           self.capacity)
+            kinds = parse_capacities(self.capacity)
+            for kind in kinds:
+                TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host, kind)
+            parse_fallback_after(self.fallback_after, kinds)
+            cluster = self.backend.get_cluster(self._name(context), self.resolved_namespace()) if kinds[1:] else None
+            index, tried = resume_at(cluster, kinds)
+        return self.try_capacity(context, index, tried)
+
+    def _name(self, context: Context) -> str:
+        return resource_name(self.cluster_name or default_cluster_name(context), "cluster_name")
+
+    def apply_on(self, context: Context, capacity: Capacity) -> dict[str, Any]:
+        with fail_fast():
+            tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host, capacity)
             check_offered(tpu, self.hook.settings.backend, self.log)
             options = RayClusterOptions.from_value(self.cluster_options)
             update_if_exists = parse_bool(self.update_if_exists, "update_if_exists")
-            name = resource_name(self.cluster_name or default_cluster_name(context), "cluster_name")
+            name = self._name(context)
             namespace = self.resolved_namespace()
             manifest = build_ray_cluster(
                 name=name,
@@ -170,15 +199,8 @@ def parse_lifetime(value: Any) -> timedelta:
 
     :raises InvalidInputError: not a duration, or not positive.
     """
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = timedelta(seconds=value)
-    if not isinstance(value, timedelta):
-        raise InvalidInputError("max_lifetime", value, "is not a duration",
-                                "Give a timedelta, e.g. timedelta(hours=24), or a number of seconds")
-    if value <= timedelta(0):
-        raise InvalidInputError("max_lifetime", value, "is not longer than zero: the cluster would be expired "
-                                "when it is made", "Give how long the cluster may live, e.g. timedelta(hours=24)")
-    return value
+    return parse_duration(value, "max_lifetime", example="timedelta(hours=24)",
+                          why_positive=": the cluster would be expired when it is made")
 
 
 def lifetime_on(tpu: TpuSlice, max_lifetime: timedelta) -> timedelta:

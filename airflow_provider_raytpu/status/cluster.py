@@ -50,11 +50,13 @@ class SliceStatus:
     :param index: the replica index KubeRay gives the slice's pods.
     :param ready_hosts: host pods of the slice that are ready.
     :param hosts: host pods the slice has now.
+    :param scheduled_hosts: host pods of the slice placed on a node (its capacity came).
     """
 
     index: str
     ready_hosts: int
     hosts: int
+    scheduled_hosts: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,11 @@ class ClusterStatus:
     def finished(self) -> bool:
         """Whether waiting for this cluster can stop (ready, failed or deleted)."""
         return self.phase in (Phase.READY, Phase.FAILED, Phase.GONE)
+
+    @property
+    def scheduled_hosts(self) -> int:
+        """TPU host pods placed on a node, over all slices (0 when pods were not read)."""
+        return sum(s.scheduled_hosts for s in self.slices)
 
     @property
     def reconcile_failing(self) -> bool:
@@ -234,17 +241,25 @@ def pod_is_ready(pod: Mapping[str, Any]) -> bool:
     return status.get("phase") == "Running" and is_true(conditions(status).get("Ready"))
 
 
+def pod_is_scheduled(pod: Mapping[str, Any]) -> bool:
+    """Placed on a node (``spec.nodeName``, which the scheduler sets on binding), and not being deleted."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return bool((pod.get("spec") or {}).get("nodeName"))
+
+
 def read_slices(pods: Iterable[Mapping[str, Any]]) -> tuple[SliceStatus, ...]:
-    """Group worker pods by their slice (replica index) and count ready hosts."""
+    """Group worker pods by their slice (replica index) and count ready and scheduled hosts."""
     counts: dict[str, list[int]] = {}
     for pod in pods:
         labels = pod.get("metadata", {}).get("labels") or {}
         if labels.get(NODE_TYPE_LABEL) != "worker" or REPLICA_INDEX_LABEL not in labels:
             continue
-        ready_total = counts.setdefault(labels[REPLICA_INDEX_LABEL], [0, 0])
+        ready_total = counts.setdefault(labels[REPLICA_INDEX_LABEL], [0, 0, 0])
         ready_total[0] += pod_is_ready(pod)
         ready_total[1] += 1
+        ready_total[2] += pod_is_scheduled(pod)
     return tuple(
-        SliceStatus(index, ready, total)
-        for index, (ready, total) in sorted(counts.items(), key=lambda kv: (len(kv[0]), kv[0]))
+        SliceStatus(index, ready, total, scheduled)
+        for index, (ready, total, scheduled) in sorted(counts.items(), key=lambda kv: (len(kv[0]), kv[0]))
     )

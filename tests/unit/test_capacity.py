@@ -8,11 +8,13 @@ from datetime import timedelta
 import pytest
 import yaml
 
-from airflow_provider_raytpu.capacity import Capacity
+from airflow_provider_raytpu.capacity import Capacity, parse_capacities
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster, tpu_slice_of
+from airflow_provider_raytpu.manifests.raycluster import CAPACITY_TRIED_ANNOTATION, build_ray_cluster, tpu_slice_of
+from airflow_provider_raytpu.operators.capacity_fallback import parse_fallback_after, resume_at
 from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator, lifetime_on
 from airflow_provider_raytpu.operators.rayservice import DeployRayServiceOperator
+from airflow_provider_raytpu.status.cluster import read_slices
 from airflow_provider_raytpu.tpu import TpuSlice
 from tests.crd_schema import KUBERAY_VERSIONS, schema_errors
 
@@ -159,3 +161,61 @@ def test_a_flex_start_max_run_duration_bounds_the_clusters_lifetime() -> None:
     assert lifetime_on(TpuSlice("v6e", "4x4", capacity="flex-start:3d"), day) == day
     assert lifetime_on(TpuSlice("v6e", "4x4", capacity="flex-start"), day) == day
     assert lifetime_on(TpuSlice("v6e", "4x4", capacity="reservation:r1"), day) == day
+
+
+@pytest.mark.parametrize(("given", "kinds"), [
+    (["reservation:r1", "spot"], ("reservation:r1", "spot")),
+    ("['reservation:r1', 'spot']", ("reservation:r1", "spot")),  # a list param, as a template renders it
+    ("reservation:r1, flex-start:24h, spot", ("reservation:r1", "flex-start:1d", "spot")),
+    ("spot", ("spot",)),
+])
+def test_a_list_of_capacities_to_try_in_order(given: object, kinds: tuple[str, ...]) -> None:
+    assert tuple(map(str, parse_capacities(given))) == kinds
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ([], "lists no capacity"), (["spot", "spot"], "lists a capacity twice"), ("spot,,", "has an empty entry"),
+    (["spot", "reserved"], "is not a capacity"),
+])
+def test_a_bad_list_names_what_is_wrong(given: object, says: str) -> None:
+    with pytest.raises(InvalidInputError, match=says):
+        parse_capacities(given)
+
+
+def test_a_list_needs_a_window_to_fall_back_after_and_says_so_when_parsed() -> None:
+    with pytest.raises(InvalidInputError, match=r"fallback_after=None: is needed when capacity lists 2 kinds "
+                                                r"\(reservation:r1, spot\)"):
+        CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="4x4",
+                                 capacity=["reservation:r1", "spot"])
+    with pytest.raises(InvalidInputError, match="fallback_after='soon': is not a duration"):
+        CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="4x4",
+                                 capacity=["reservation:r1", "spot"], fallback_after="soon")
+    with pytest.raises(InvalidInputError, match="capacity='reserve:r1'"):
+        CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="4x4", capacity=["reserve:r1", "spot"],
+                                 fallback_after=600)
+    task = CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="4x4",
+                                    capacity=["reservation:r1", "spot"], fallback_after=timedelta(minutes=20))
+    assert parse_fallback_after(task.fallback_after, parse_capacities(task.capacity)) == timedelta(minutes=20)
+    assert parse_fallback_after(None, parse_capacities("spot")) is None
+    assert parse_fallback_after("600", parse_capacities("spot, on-demand")) == timedelta(minutes=10)
+
+
+def test_a_retry_goes_on_from_the_kind_the_cluster_has_and_what_was_tried_before() -> None:
+    kinds = parse_capacities(["reservation:r1", "flex-start", "spot"])
+    on_flex = build_ray_cluster(name="n", namespace="ml", tpu=TpuSlice("v6e", "4x4", capacity="flex-start"))
+    before = [{"capacity": "reservation:r1", "outcome": "0 of 4 TPU hosts placed in 1201 s"}]
+    on_flex["metadata"]["annotations"][CAPACITY_TRIED_ANNOTATION] = json.dumps(before)
+    assert resume_at(on_flex, kinds) == (1, before)
+    assert resume_at(None, kinds) == (0, [])
+    on_demand = build_ray_cluster(name="n", namespace="ml", tpu=TpuSlice("v6e", "4x4"))
+    assert resume_at(on_demand, kinds) == (0, []), "a kind not listed (a changed DAG) starts from the first"
+
+
+def test_hosts_count_as_placed_once_bound_to_a_node_and_not_while_terminating() -> None:
+    def host(node: str | None, deleting: bool = False) -> dict:
+        metadata = {"labels": {"ray.io/node-type": "worker", "ray.io/worker-group-replica-index": "0"},
+                    **({"deletionTimestamp": "2026-12-04T00:00:00Z"} if deleting else {})}
+        return {"metadata": metadata, "spec": {"nodeName": node} if node else {}, "status": {"phase": "Pending"}}
+
+    (slice_,) = read_slices([host("gke-v6e-0"), host(None), host("gke-v6e-2", deleting=True), host("gke-v6e-3")])
+    assert (slice_.hosts, slice_.scheduled_hosts, slice_.ready_hosts) == (4, 2, 0)

@@ -26,6 +26,10 @@ _WAITING_REASONS = {
     "failed": "SliceFailed",
 }
 
+#: The node every local host pod is on.
+LOCAL_NODE = "localhost"
+
+
 def _condition(kind: str, true: bool, reason: str = "", message: str = "") -> dict[str, str]:
     condition = {"type": kind, "status": "True" if true else "False"}
     if reason:
@@ -53,7 +57,8 @@ def _pod(name: str, namespace: str, labels: dict[str, str], host: Mapping[str, A
     return {
         "metadata": {"name": name, "namespace": namespace, "labels": labels,
                      "annotations": {f"raytpu.dev/{k}": v for k, v in annotations.items()}},
-        "spec": {"containers": [{"name": container, "resources": resources}]},
+        # Every host of a local cluster is placed on this machine, as a scheduled pod is on its node.
+        "spec": {"nodeName": LOCAL_NODE, "containers": [{"name": container, "resources": resources}]},
         "status": status,
     }
 
