@@ -19,6 +19,7 @@ from airflow_provider_raytpu.manifests.raycluster import (
     MANAGED_BY_LABEL,
     build_ray_cluster,
     parse_expiry,
+    tpu_slice_of,
 )
 from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER
 from airflow_provider_raytpu.backends.base import Applied
@@ -40,6 +41,7 @@ from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
 from airflow_provider_raytpu.operators.links import RayDashboardLink, push_dashboard_link
 from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice, check_offered
 from airflow_provider_raytpu.status import ClusterStatus
+from airflow_provider_raytpu.status.usage import USAGE_XCOM_KEY, check_prices, describe_usage, tpu_usage
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.values import parse_bool, parse_duration
 
@@ -253,6 +255,12 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
     :param wait_for_deletion: wait until the RayCluster and its pods are gone (default ``True``).
     :param deletion_timeout: seconds to wait for that.
     :param poll_interval: seconds between checks while waiting.
+    :param chip_hour_prices: a price per chip-hour by generation and capacity kind,
+        ``{"v6e": {"on-demand": 2.7, "spot": 1.1}}``, for a cost estimate in the ``tpu_usage`` XCom.
+
+    Each deleted cluster's usage (:func:`~airflow_provider_raytpu.status.usage.tpu_usage`: chip-hours from
+    ready to gone by capacity kind, slices made again meanwhile, the estimate) is a log line, a list in the
+    ``tpu_usage`` XCom and, for each of the task's outlets, the asset event's ``tpu_usage`` extra.
     """
 
     template_fields: Sequence[str] = ("cluster", "cluster_name", "namespace", "raytpu_conn_id", "created_by")
@@ -263,10 +271,26 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
     other_selectors = (f"!{ORIGINATED_FROM_LABEL}",)
 
     def __init__(self, *, cluster: Any = None, cluster_name: str | None = None, wait_for_deletion: bool = True,
-                 **kwargs: Any) -> None:
+                 chip_hour_prices: Mapping[str, Mapping[str, float]] | None = None, **kwargs: Any) -> None:
+        check_prices(chip_hour_prices)
         super().__init__(wait_for_deletion=wait_for_deletion, **kwargs)
         self.cluster = cluster
         self.cluster_name = cluster_name
+        self.chip_hour_prices = chip_hour_prices
+        self.last_seen: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        result = super().execute(context)
+        gone = datetime.now(timezone.utc)
+        usages = [tpu_usage(cluster, pods, tpu, gone, check_prices(self.chip_hour_prices))
+                  for cluster, pods in self.last_seen.values() if (tpu := tpu_slice_of(cluster))]
+        for usage in usages:
+            self.log.info("%s", describe_usage(usage))
+        if usages:
+            context["ti"].xcom_push(key=USAGE_XCOM_KEY, value=usages)
+            for outlet in self.outlets:
+                context["outlet_events"][outlet].extra[USAGE_XCOM_KEY] = usages
+        return result
 
     def creates(self, task: Any) -> bool:
         return isinstance(task, CreateRayClusterOperator)
@@ -275,6 +299,8 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
         return self.backend.get_cluster(name, namespace)
 
     def delete_object(self, name: str, namespace: str) -> bool:
+        if (cluster := self.backend.get_cluster(name, namespace)) is not None:  # as last seen, for its usage
+            self.last_seen[name] = (cluster, self.backend.cluster_pods(name, namespace))
         return self.backend.delete_cluster(name, namespace)
 
     def list_objects(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:

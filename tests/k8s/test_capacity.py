@@ -86,6 +86,10 @@ def test_a_reservation_that_places_nothing_falls_back_to_spot_once(
     assert "didn't match Pod's node affinity/selector" in log  # the pending host's reason, in the diagnosis
     # The teardown deleted the one cluster there is; the spot host had run on the spot pool.
     assert outcome["delete_cluster"].result["cluster_names"] == ["fallback"]
+    # Its usage, from the ready time the real KubeRay recorded (stateTransitionTimes) to gone: spot only.
+    (usage,) = outcome["delete_cluster"].xcoms["tpu_usage"]
+    assert (usage["capacity"], usage["chips"], usage["slices_recreated"]) == ("spot", 4, 0)
+    assert usage["ready_at"] is not None and 0 < usage["chip_hours"]["spot"] == pytest.approx(4 * usage["hours"])
     assert rayclusters(cp, namespace) == []
     status, events = get_json(cp, f"/api/v1/namespaces/{namespace}/events")
     hosts = [e["message"] for e in events["items"] if e["reason"] == "Scheduled" and "-worker-" in e["message"]]

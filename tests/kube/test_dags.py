@@ -97,7 +97,8 @@ def test_a_teardown_waits_for_the_pods_and_says_so(request: pytest.FixtureReques
     said = [line.message for line in log.provider_lines()]
     assert any(m.startswith(f"Waiting for RayCluster {NAMESPACE}/slow-to-go to be gone: the RayCluster is being "
                             "deleted (") for m in said), said
-    assert said[-1].startswith(f"RayCluster {NAMESPACE}/slow-to-go and its pods are gone after ")
+    assert said[-2].startswith(f"RayCluster {NAMESPACE}/slow-to-go and its pods are gone after ")
+    assert said[-1].startswith(f"RayCluster {NAMESPACE}/slow-to-go used ")  # its usage (the reactor made it ready)
 
 
 def test_bad_slice_fails_before_any_api_call(airflow_home: Path, connections: None, kube: FakeKubeApiServer) -> None:
@@ -143,6 +144,50 @@ def test_capacity_chosen_in_the_ui_selects_its_nodes(airflow_home: Path, connect
     assert started + timedelta(hours=6) <= expiry <= datetime.now(timezone.utc) + timedelta(hours=6)
     assert (outcome["typo"].state, outcome["typo"].try_number) == ("failed", 1)
     assert kube.get_object("rayclusters", NAMESPACE, "typo") is None
+
+
+USAGE = '''
+from datetime import datetime
+from airflow.sdk import DAG, Asset
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator, DeleteRayClusterOperator
+from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
+
+with DAG("usage", schedule=None, start_date=datetime(2026, 1, 1)):
+    create = CreateRayClusterOperator(task_id="create_cluster", cluster_name="usage", accelerator="v6e",
+                                      topology="4x4", num_slices=2, capacity="spot")
+    ready = RayClusterReadySensor(task_id="wait_ready", cluster=create.output, timeout=60, poll_interval=1)
+    delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster=create.output, poll_interval=0.2,
+                                      chip_hour_prices={"v6e": {"spot": 1.5, "on-demand": 4.0}},
+                                      outlets=[Asset("raytpu://usage")])
+    create >> ready >> delete.as_teardown(setups=create)
+'''
+
+
+def test_a_teardown_reports_the_chip_hours_from_ready_to_gone_and_their_estimated_cost(
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer) -> None:
+    """The usage record is the teardown's ``tpu_usage`` XCom and its outlet's asset-event extra; ready is when
+    KubeRay first said ready (between the create and the sensor), gone after the delete."""
+    from sqlalchemy import select
+
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+
+    started = datetime.now(timezone.utc).replace(microsecond=0)
+    with KubeRayReactor(kube, delay=1.0, stagger=0.05):
+        outcome = run_dag(airflow_home, USAGE, "usage")
+    assert {task: o.state for task, o in outcome.items()} == {
+        "create_cluster": "success", "wait_ready": "success", "delete_cluster": "success"}
+    (usage,) = outcome["delete_cluster"].xcoms["tpu_usage"]
+    ready, gone = datetime.fromisoformat(usage["ready_at"]), datetime.fromisoformat(usage["gone_at"])
+    assert started <= ready <= gone <= datetime.now(timezone.utc)
+    hours = (gone - ready).total_seconds() / 3600
+    assert usage["hours"] == pytest.approx(hours, abs=1e-6)
+    assert (usage["chips"], usage["capacity"], usage["slices_recreated"]) == (32, "spot", 0)
+    assert usage["chip_hours"] == {"spot": pytest.approx(32 * hours, abs=1e-5)}
+    assert usage["estimated_cost"] == {"spot": pytest.approx(1.5 * 32 * hours, abs=1e-3)}
+    with create_session() as session:
+        (extra,) = session.execute(select(AssetEvent.extra).where(AssetEvent.source_dag_id == "usage")).one()
+    assert extra["tpu_usage"] == [usage]
 
 
 EXPIRED = '''

@@ -5,6 +5,7 @@ silent for more than 10 s while it waits."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -28,5 +29,7 @@ def test_the_demo_succeeds_and_its_task_logs_read_cleanly(tmp_path: Path) -> Non
     by_task = {log.task_id: [line.message for line in log.provider_lines()] for log in task_logs(text, tasks)}
     assert by_task["train"][-1].startswith("Step time: median ")
     assert " SUCCEEDED after " in by_task["train"][-2] and " SUCCEEDED after " in by_task["preprocess"][-1]
-    assert by_task["delete_cluster"][-1].startswith("RayCluster default/nightly-finetune-")
-    assert " and its pods are gone after " in by_task["delete_cluster"][-1]
+    assert by_task["delete_cluster"][-2].startswith("RayCluster default/nightly-finetune-")
+    assert " and its pods are gone after " in by_task["delete_cluster"][-2]
+    assert re.fullmatch(r"RayCluster default/nightly-finetune-\S+ used [0-9.e-]+ chip-hours of on-demand \(8 chips "
+                        r"for [0-9.]+ (s|min) from ready to gone\)", by_task["delete_cluster"][-1])

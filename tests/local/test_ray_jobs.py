@@ -368,7 +368,10 @@ def test_a_job_waits_for_a_cluster_that_is_not_ready_yet(request: pytest.Fixture
     assert any(m.startswith(f"RayCluster default/{name} is not ready yet") for m in job), job
     assert any(m.startswith(f"RayCluster default/{name} is ready") for m in job), job
     delete = [line.message for line in by_task["delete"].provider_lines()]
-    assert delete[-2] == f"RayCluster default/{name} deleted"
-    assert delete[-1].startswith(f"RayCluster default/{name} and its pods are gone after ")
+    assert delete[-3] == f"RayCluster default/{name} deleted"
+    assert delete[-2].startswith(f"RayCluster default/{name} and its pods are gone after ")
+    # The local supervisor records when the cluster was first ready, as KubeRay does: the usage is counted.
+    assert re.fullmatch(rf"RayCluster default/{name} used [0-9.e-]+ chip-hours of on-demand \(8 chips for "
+                        r"[0-9.]+ (s|min) from ready to gone\)", delete[-1]), delete[-1]
     assert outcome["delete"].result["cluster_names"] == [name]
     assert local_backend.get_cluster(name, "default") is None

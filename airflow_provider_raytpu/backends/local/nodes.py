@@ -178,6 +178,14 @@ class SliceRun:
         }
 
 
+def first_ready(ready_at: str | None, head: Node, slices: list[SliceRun]) -> str | None:
+    """When the cluster was first ready (its head and every slice), as KubeRay's ``stateTransitionTimes.ready``:
+    ``ready_at`` once it is known, else now if it is ready now, else ``None``."""
+    if ready_at is None and head.ready and all(s.status == "ready" for s in slices):
+        return utc_now()
+    return ready_at
+
+
 def stop_nodes(nodes: list[Node], incarnation: str, why: str) -> list[Node]:
     """Stop the nodes' processes (SIGTERM, then SIGKILL), their Ray workers included.
 

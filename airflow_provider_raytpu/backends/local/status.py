@@ -109,6 +109,8 @@ def synthesise_status(stored: StoredCluster) -> tuple[dict[str, Any], list[dict[
         status["state"] = "suspended"
     elif head_ready and ready_hosts >= want:
         status["state"] = "ready"
+    if state.get("ready_at"):
+        status["stateTransitionTimes"] = {"ready": state["ready_at"]}
     if state.get("dashboard_url"):
         status["endpoints"] = {"dashboard": state["dashboard_url"].rsplit(":", 1)[1],
                                "gcs-server": state.get("gcs_address", ":").rsplit(":", 1)[1]}

@@ -50,13 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_raytpu.backends.local.gcs import Gcs, dashboard_ready
-from airflow_provider_raytpu.backends.local.nodes import (
-    Node,
-    SliceRun,
-    backoff,
-    enable_parent_death_signal,
-    stop_nodes,
-)
+from airflow_provider_raytpu.backends.local.nodes import (Node, SliceRun, backoff, enable_parent_death_signal,
+                                                          first_ready, stop_nodes)
 from airflow_provider_raytpu.backends.local.plan import plan_cluster
 from airflow_provider_raytpu.backends.local.process import (
     CLUSTER_MARKER_ENV,
@@ -108,9 +103,8 @@ class Supervisor:
         logs = state_dir / LOGS_DIR
         logs.mkdir(exist_ok=True)
         self.head = Node(self.plan.head, logs / "head.log")
-        self.head_failed_starts = 0
-        self.head_next_start = 0.0
-        self.head_dashboard_ok = False
+        self.head_failed_starts, self.head_next_start, self.head_dashboard_ok = 0, 0.0, False
+        self.ready_at: str | None = state.get("ready_at")
         self.slices = [
             SliceRun(i, self.plan.slice_names[i], [Node(spec, logs / f"{spec.key}.log") for spec in hosts])
             for i, hosts in enumerate(self.plan.slices)
@@ -137,6 +131,7 @@ class Supervisor:
 
     def publish(self) -> None:
         """Write state.json if anything changed since the last write."""
+        self.ready_at = first_ready(self.ready_at, self.head, self.slices)
         state = {
             "version": STATE_VERSION,
             "name": self.plan.name,
@@ -151,6 +146,7 @@ class Supervisor:
             "head": self.head.to_dict(),
             "slices": [s.to_dict() for s in self.slices],
             "failure": self.failure,
+            "ready_at": self.ready_at,
         }
         text = json.dumps(state, sort_keys=True)
         if text == self.last_written:

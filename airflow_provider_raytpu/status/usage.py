@@ -1,0 +1,115 @@
+"""What a RayCluster used, read when it is deleted: chip-hours from ready to gone by capacity kind, the slices
+made again meanwhile (a preempted spot slice, a repaired host), and a cost estimate where the user gave prices.
+
+Ready is when the cluster first became ready: KubeRay's ``status.stateTransitionTimes.ready``, which it sets
+when ``state`` becomes ``ready`` and, as ``state`` is never reset from ``ready``, only once (the local backend
+records it alike). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.status.cluster import NODE_TYPE_LABEL, REPLICA_INDEX_LABEL
+from airflow_provider_raytpu.tpu import TpuSlice
+
+#: The XCom key (and asset-event extra) of a teardown's usage records.
+USAGE_XCOM_KEY = "tpu_usage"
+
+
+def parse_time(text: str) -> datetime:
+    """An RFC 3339 time as Kubernetes writes it (``2026-12-04T21:11:12Z``)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def ready_at(cluster: Mapping[str, Any]) -> datetime | None:
+    """When the cluster first became ready, or ``None`` when it never did."""
+    text = ((cluster.get("status") or {}).get("stateTransitionTimes") or {}).get("ready")
+    return parse_time(text) if text else None
+
+
+def slices_recreated(pods: Iterable[Mapping[str, Any]], since: datetime) -> int:
+    """Slices with a host pod made after ``since``: each was made again at least once after the cluster was ready."""
+    recreated = set()
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        created = metadata.get("creationTimestamp")
+        if labels.get(NODE_TYPE_LABEL) == "worker" and created and parse_time(created) > since:
+            recreated.add(labels.get(REPLICA_INDEX_LABEL))
+    return len(recreated)
+
+
+def check_prices(prices: Any, field: str = "chip_hour_prices") -> dict[str, dict[str, float]]:
+    """A price per chip-hour by TPU generation and capacity kind: ``{"v6e": {"spot": 1.1, "on-demand": 2.7}}``.
+
+    :raises InvalidInputError: for anything else.
+    """
+    example = 'e.g. {"v6e": {"on-demand": 2.7, "spot": 1.1}} in your currency per chip-hour'
+    if prices is None:
+        return {}
+    if not isinstance(prices, Mapping) or not all(
+        isinstance(kinds, Mapping) and all(
+            isinstance(price, (int, float)) and not isinstance(price, bool) and price >= 0 for price in kinds.values())
+        for kinds in prices.values()
+    ):
+        raise InvalidInputError(field, prices, "is not a table of prices by generation and capacity kind",
+                                f"Give {example}")
+    return {str(generation): {str(kind): float(price) for kind, price in kinds.items()}
+            for generation, kinds in prices.items()}
+
+
+def tpu_usage(cluster: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], tpu: TpuSlice, gone: datetime,
+              prices: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
+    """The usage record of a cluster that is gone at ``gone`` (plain JSON).
+
+    :param cluster: the RayCluster as last read before its deletion.
+    :param pods: its pods as last read before its deletion.
+    :param tpu: its slice shape and capacity.
+    :param gone: when the cluster and its pods were gone.
+    :param prices: checked by :func:`check_prices`; no estimate without a price for the generation and kind.
+    """
+    metadata = cluster.get("metadata") or {}
+    ready = ready_at(cluster)
+    hours = max(0.0, (gone - ready).total_seconds() / 3600) if ready else 0.0
+    kind = tpu.capacity.kind
+    chip_hours = round(hours * tpu.total_chips, 6)
+    usage: dict[str, Any] = {
+        "cluster_name": metadata.get("name"),
+        "namespace": metadata.get("namespace"),
+        "accelerator": tpu.accelerator,
+        "topology": tpu.topology,
+        "num_slices": tpu.num_slices,
+        "chips": tpu.total_chips,
+        "capacity": str(tpu.capacity),
+        "ready_at": ready.isoformat() if ready else None,
+        "gone_at": gone.isoformat(),
+        "hours": round(hours, 6),
+        "chip_hours": {kind: chip_hours},
+        "slices_recreated": slices_recreated(pods, ready) if ready else 0,
+    }
+    price = (prices or {}).get(tpu.accelerator, {}).get(kind)
+    if price is not None:
+        usage["estimated_cost"] = {kind: round(chip_hours * price, 4)}
+    return usage
+
+
+def describe_usage(usage: Mapping[str, Any]) -> str:
+    """One line for the task log."""
+    if usage["ready_at"] is None:
+        return f"RayCluster {usage['namespace']}/{usage['cluster_name']} was never ready: no chip-hours"
+    hours = sum(usage["chip_hours"].values())
+    cost = usage.get("estimated_cost")
+    return (f"RayCluster {usage['namespace']}/{usage['cluster_name']} used {hours:.4g} chip-hours of "
+            f"{usage['capacity']} ({usage['chips']} chips for {_span(usage['hours'] * 3600)} from ready to gone)"
+            + (f", {usage['slices_recreated']} slice(s) made again meanwhile" if usage["slices_recreated"] else "")
+            + (f"; estimated cost {sum(cost.values()):.4g}" if cost else ""))
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.2f} h"
