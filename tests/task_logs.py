@@ -158,6 +158,18 @@ def silences(log: TaskLog, limit: float = SILENCE_LIMIT_SECONDS) -> list[str]:
     return gaps
 
 
+def waited_seconds(text: str, line: str) -> int:
+    """The whole seconds a line of ``text`` says something lasted: ``line`` with ``{s}`` where the figure goes.
+
+    A measured wait prints more than its bound on a loaded machine, so tests read the figure and compare it
+    with the bound rather than match one exact number.
+    """
+    pattern = re.escape(line).replace(re.escape("{s}"), r"(\d+)")
+    found = re.search(pattern, text)
+    assert found, f"no line like {line!r} in:\n{text[-3000:]}"
+    return int(found.group(1))
+
+
 def problems(stdout: str, stderr: str = "", task_instances: Mapping[str, str] | None = None,
              limit: float = SILENCE_LIMIT_SECONDS) -> dict[str, list[str]]:
     """What a user reading these task logs should not see, by task (``"stderr"`` for the stream itself).

@@ -26,6 +26,7 @@ from tests.kube.conftest import NAMESPACE
 from tests.kube.rayservice_controller import RayServiceController, in_background
 from tests.kube.serve_stub import ServeStub
 from tests.kube.serving_dags import LLM_APP, SERVICES, dag, deploy_v1_running
+from tests.task_logs import waited_seconds
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -145,7 +146,7 @@ def test_deploying_too_long_fails_with_a_diagnosis(
         outcome = run_dag(airflow_home, dag("stuck", deploy=None, sensor="deploying_timeout=2"), "stuck")
     assert (outcome["wait_running"].state, outcome["wait_running"].try_number) == ("failed", 1)
     log = capfd.readouterr().out
-    assert "application 'chat' DEPLOYING for 2 s, longer than deploying_timeout=2 s" in log
+    assert waited_seconds(log, "application 'chat' DEPLOYING for {s} s, longer than deploying_timeout=2 s") >= 2
     assert "- application 'chat' DEPLOYING on pending RayCluster chat-slow1" in log
     assert f"  - deployment 'LLMServer:chat-model' UPDATING: {waiting}" in log
     assert ("  - deployment 'LLMServer:chat-model': 1 replica(s) waiting to start (1 not created yet), 0 RUNNING, "
@@ -248,7 +249,8 @@ def test_an_application_unhealthy_past_the_grace_period_fails(
     outcome = run_dag(airflow_home, dag("stays_unhealthy", deploy=None, sensor="grace_period=1"), "stays_unhealthy")
     assert (outcome["wait_running"].state, outcome["wait_running"].try_number) == ("failed", 1)
     log = capfd.readouterr().out
-    assert "RayService ml/chat UNHEALTHY for 1 s, longer than grace_period=1 s: application 'chat' is UNHEALTHY" in log
+    unhealthy = "RayService ml/chat UNHEALTHY for {s} s, longer than grace_period=1 s: application 'chat' is UNHEALTHY"
+    assert waited_seconds(log, unhealthy) >= 1
 
 
 def test_reschedule_mode_keeps_the_deploying_clock_across_pokes(

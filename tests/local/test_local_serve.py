@@ -32,7 +32,7 @@ from airflow_provider_raytpu.operators.rayservice import DeleteRayServiceOperato
 from airflow_provider_raytpu.status import ServicePhase
 from airflow_provider_raytpu.tpu import TpuSlice
 from tests.airflow_runner import run_dag, task_instances
-from tests.task_logs import LOADED_SILENCE_LIMIT_SECONDS, captured_output, problems, task_logs
+from tests.task_logs import LOADED_SILENCE_LIMIT_SECONDS, captured_output, problems, task_logs, waited_seconds
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -234,7 +234,7 @@ def test_a_stuck_deployment_fails_at_deploying_timeout_with_a_diagnosis(
                       conf={"version": "v5"})
     assert (outcome["wait_running"].state, outcome["wait_running"].try_number) == ("failed", 1)
     log = capfd.readouterr().out
-    assert "application 'tiny' DEPLOYING for 15 s, longer than deploying_timeout=15 s" in log
+    assert waited_seconds(log, "application 'tiny' DEPLOYING for {s} s, longer than deploying_timeout=15 s") >= 15
     assert "- application 'tiny' DEPLOYING on active RayCluster tiny-local" in log
     # The previous version's replica keeps running (max_surge_percent) while the new one waits for 8 chips.
     assert ("  - deployment 'TinyModel': 1 replica(s) waiting to start (1 STARTING), 1 RUNNING, 1 wanted; "
