@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256s
 PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
 UV_VERSION := 0.13.8
 
-.PHONY: install demo test test-full docs test-unit test-kube test-k8s test-ray test-deploy k8s-binaries kuberay-samples bench constraints clean
+.PHONY: install demo test test-full docs test-unit test-kube test-k8s test-ray test-deploy k8s-binaries kuberay-samples kueue bench constraints clean
 
 install: $(STAMP)
 
@@ -55,7 +55,11 @@ test-kube: install
 k8s-binaries:
 	bash tests/k8s/build_binaries.sh
 
-test-k8s: install k8s-binaries
+# Kueue's manager, CRDs and webhook registrations, from its Go module (about 3 min cold), for tests/k8s/test_kueue.py.
+kueue:
+	bash tests/k8s/build_binaries.sh --kueue >/dev/null
+
+test-k8s: install k8s-binaries kueue
 	RAYTPU_REQUIRE_K8S=1 $(PYTEST) tests/k8s -q
 
 # Real Ray: the local backend, Ray jobs, Serve, Ray Data and JaxTrainer on emulated TPU slices.

@@ -87,17 +87,33 @@ _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
+def _short_name(value: object, field: str, rule: re.Pattern[str], what: str, fix: str) -> str:
+    if not isinstance(value, str) or len(value) > LABEL_VALUE_LIMIT or not rule.fullmatch(value):
+        raise InvalidInputError(field, value, f"is not {what}", fix)
+    return value
+
+
 def check_namespace(value: object, field: str = "namespace") -> str:
     """A namespace as Kubernetes requires it (an RFC 1123 label), before it goes into any URL path.
 
     :raises InvalidInputError: naming the field, the value and the rule.
     """
-    if not isinstance(value, str) or len(value) > LABEL_VALUE_LIMIT or not _DNS_LABEL.fullmatch(value):
-        raise InvalidInputError(
-            field, value, "is not a Kubernetes namespace",
-            "A namespace has at most 63 lower-case letters, digits and '-', and starts and ends with a letter "
-            "or digit, e.g. 'ray'")
-    return value
+    return _short_name(value, field, _DNS_LABEL, "a Kubernetes namespace",
+                       "A namespace has at most 63 lower-case letters, digits and '-', and starts and ends with a "
+                       "letter or digit, e.g. 'ray'")
+
+
+def check_queue_name(value: object, field: str = "queue_name") -> str | None:
+    """A Kueue LocalQueue's name, which goes into the ``kueue.x-k8s.io/queue-name`` label; ``None`` or ``""``: none.
+
+    :raises InvalidInputError: naming the field, the value and the rule.
+    """
+    if value is None or value == "":
+        return None
+    return _short_name(value, field, _DNS_SUBDOMAIN, "a Kueue LocalQueue name",
+                       "Name a LocalQueue of the cluster's namespace (kubectl get localqueues -n <namespace>): at "
+                       "most 63 lower-case letters, digits, '-' and '.', starting and ending with a letter or digit, "
+                       "e.g. 'tpu-v6e'")
 
 
 def label_key_problem(key: object) -> str | None:

@@ -8,11 +8,12 @@ take and what ``CreateRayClusterOperator`` and ``DeployRayServiceOperator`` acce
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.names import label_key_problem, label_value_problem
+from airflow_provider_raytpu.status.kueue import QUEUE_NAME_LABEL
 
 DEFAULT_IMAGE = "rayproject/ray:2.60.0-py311-tpu"
 DEFAULT_HEAD_RESOURCES = {"cpu": "2", "memory": "8Gi"}
@@ -98,6 +99,19 @@ class RayClusterOptions:
                 if problem is not None:
                     raise InvalidInputError(f"{field}[{key!r}]", value, problem,
                                             f"Write {field} as Kubernetes takes them, e.g. {{'team': 'ml-platform'}}")
+
+    def queued_in(self, queue: str | None) -> RayClusterOptions:
+        """These options with the Kueue LocalQueue label (``None``: as they are).
+
+        :raises InvalidInputError: ``labels`` name another queue.
+        """
+        if queue is None:
+            return self
+        given = (self.labels or {}).get(QUEUE_NAME_LABEL)
+        if given not in (None, queue):
+            raise InvalidInputError(f"labels[{QUEUE_NAME_LABEL!r}]", given, f"names another queue than queue_name={queue!r}",
+                                    "Give the queue once, as queue_name")
+        return replace(self, labels={**(self.labels or {}), QUEUE_NAME_LABEL: queue})
 
     @classmethod
     def from_value(cls, value: RayClusterOptions | Mapping[str, Any] | None) -> RayClusterOptions:

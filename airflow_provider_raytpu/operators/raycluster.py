@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, owned_name, resource_name
+from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, check_queue_name, owned_name, resource_name
 from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, RayJobsHook
 from airflow_provider_raytpu.manifests.raycluster import (
@@ -38,12 +38,13 @@ from airflow_provider_raytpu.operators.capacity_fallback import (
     resume_at,
 )
 from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
+from airflow_provider_raytpu.operators.expiry import lifetime_on, parse_lifetime, renew_expiry
 from airflow_provider_raytpu.operators.links import RayDashboardLink, push_dashboard_link
 from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice, check_offered
 from airflow_provider_raytpu.status import ClusterStatus
 from airflow_provider_raytpu.status.usage import USAGE_XCOM_KEY, check_prices, describe_usage, tpu_usage
 from airflow_provider_raytpu.tpu import TpuSlice
-from airflow_provider_raytpu.values import parse_bool, parse_duration
+from airflow_provider_raytpu.values import parse_bool
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -102,6 +103,8 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
         deletes the cluster, unless a Ray job or its DAG run is still running; adopting the cluster (a
         retry, a Clear) renews it from then. A flex-start slice's max run duration bounds it.
     :param update_if_exists: recreate this task's own cluster when its spec differs, instead of failing.
+    :param queue_name: a Kueue LocalQueue of the namespace: Kueue holds the cluster (suspended, no pods) until its
+        ClusterQueue has quota for its slices; a wait for it says so (:mod:`~airflow_provider_raytpu.status.kueue`).
     """
 
     template_fields: Sequence[str] = (
@@ -112,6 +115,7 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
         "cluster_options",
         "update_if_exists",
         "fallback_after",
+        "queue_name",
     )
     template_fields_renderers = {"cluster_options": "json"}
     operator_extra_links = (RayDashboardLink(),)
@@ -133,9 +137,11 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
         max_lifetime: timedelta | float = timedelta(hours=24),
         update_if_exists: bool | str = False,
         fallback_after: timedelta | float | str | None = None,
+        queue_name: str | None = None,
         **kwargs: Any,
     ) -> None:
         options = take_cluster_options(cluster_options, kwargs)
+        check_literal(queue_name, check_queue_name)
         kinds = None if is_templated(capacity) else parse_capacities(capacity)
         check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host, kinds[0] if kinds else capacity,
                             raytpu_conn_id=raytpu_conn_id)
@@ -157,6 +163,7 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
         self.max_lifetime = lifetime
         self.update_if_exists = update_if_exists
         self.fallback_after = fallback_after
+        self.queue_name = queue_name
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         with fail_fast():
@@ -175,7 +182,7 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
         with fail_fast():
             tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host, capacity)
             check_offered(tpu, self.hook.settings.backend, self.log)
-            options = RayClusterOptions.from_value(self.cluster_options)
+            options = RayClusterOptions.from_value(self.cluster_options).queued_in(check_queue_name(self.queue_name))
             update_if_exists = parse_bool(self.update_if_exists, "update_if_exists")
             name = self._name(context)
             namespace = self.resolved_namespace()
@@ -190,38 +197,10 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
             self.log.info("RayCluster %s/%s: %s", namespace, name, tpu.describe())
             result = self.backend.apply_cluster(manifest, update_if_exists=update_if_exists)
             if result.action is Applied.ADOPTED:
-                renew_expiry(self, result.cluster, manifest)
+                renew_expiry(self.backend, self.log, result.cluster, manifest)
         self.log.info("RayCluster %s/%s %s", namespace, name, result.action.value)
         push_dashboard_link(context, self.backend, name, namespace)
         return self.cluster_reference(name, namespace, tpu.to_dict())
-
-
-def parse_lifetime(value: Any) -> timedelta:
-    """``max_lifetime`` as a ``timedelta``: given as one, or as seconds; more than zero.
-
-    :raises InvalidInputError: not a duration, or not positive.
-    """
-    return parse_duration(value, "max_lifetime", example="timedelta(hours=24)",
-                          why_positive=": the cluster would be expired when it is made")
-
-
-def lifetime_on(tpu: TpuSlice, max_lifetime: timedelta) -> timedelta:
-    """``max_lifetime``, but no longer than a flex-start slice's max run duration: GKE reclaims its VMs then."""
-    run = tpu.capacity.max_run_seconds
-    return min(max_lifetime, timedelta(seconds=run)) if run else max_lifetime
-
-
-def renew_expiry(task: CreateRayClusterOperator, stored: dict[str, Any], manifest: dict[str, Any]) -> None:
-    """A create that adopts its cluster (a retry, a Clear the next day) renews the cluster's expiry from now:
-    the sweep of expired clusters must not delete it mid-run."""
-    metadata = stored.get("metadata") or {}
-    name, namespace = metadata.get("name"), metadata.get("namespace")
-    renewed = manifest["metadata"]["annotations"][EXPIRES_AT_ANNOTATION]
-    recorded = (metadata.get("annotations") or {}).get(EXPIRES_AT_ANNOTATION)
-    if recorded == renewed:
-        return
-    task.backend.annotate_cluster(name, namespace, {EXPIRES_AT_ANNOTATION: renewed})
-    task.log.info("RayCluster %s/%s adopted: its expiry is renewed from %s to %s", namespace, name, recorded, renewed)
 
 
 def teardown_detail(status: ClusterStatus) -> str:

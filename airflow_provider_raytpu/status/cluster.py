@@ -31,6 +31,8 @@ NODE_TYPE_LABEL = "ray.io/node-type"
 RAY_UNCONFIRMED = "RayHostsUnconfirmed"
 #: The reason of a cluster whose TPU pods GKE's TPU webhook did not mutate.
 TPU_WEBHOOK_MISSING = "TpuWebhookMissing"
+#: The reason of a cluster whose Kueue Workload cannot be admitted at all (its LocalQueue or ClusterQueue is missing).
+KUEUE_INADMISSIBLE = "KueueInadmissible"
 
 
 class Phase(str, Enum):
@@ -158,10 +160,12 @@ def read_ray_cluster(cluster: Mapping[str, Any] | None, pods: Iterable[Mapping[s
         return ClusterStatus(Phase.PROVISIONING, f"KubeRay cannot reconcile it{f' since {since}' if since else ''} "
                              f"({text}); {_hosts_message(ready, want, slices)}", reason=reason, failing_since=since,
                              **common)
-    if cluster.get("spec", {}).get("suspend") or status.get("state") == "suspended" or is_true(
-        by_type.get("RayClusterSuspended")
-    ):
+    suspend = cluster.get("spec", {}).get("suspend")
+    if suspend or (suspend is None and (status.get("state") == "suspended" or is_true(
+            by_type.get("RayClusterSuspended")))):
         return ClusterStatus(Phase.SUSPENDED, "the RayCluster is suspended", **common)
+    # ``suspend: false`` with a status still saying suspended: resumed (Kueue admitted it), and KubeRay's status
+    # says so only once the pods are up.
 
     observed = status.get("observedGeneration")
     if observed is not None and metadata.get("generation") is not None and observed < metadata["generation"]:
@@ -179,8 +183,9 @@ def read_ray_cluster(cluster: Mapping[str, Any] | None, pods: Iterable[Mapping[s
 
 
 class ReconcileFailureGrace:
-    """Decides when a KubeRay reconcile failure (``ReplicaFailure``), or ready pods whose TPU hosts Ray does not
-    list (:data:`RAY_UNCONFIRMED`), have lasted too long to wait on.
+    """Decides when a KubeRay reconcile failure (``ReplicaFailure``), ready pods whose TPU hosts Ray does not
+    list (:data:`RAY_UNCONFIRMED`), or a Kueue Workload that cannot be admitted (:data:`KUEUE_INADMISSIBLE`)
+    have lasted too long to wait on.
 
     A failure is transient until it holds for ``grace`` seconds since it began (KubeRay's
     ``lastTransitionTime``, else when this waiter first saw it); then the status is FAILED.
@@ -211,8 +216,8 @@ class ReconcileFailureGrace:
         since = self.since(status, now)
         if since is None or now - since < self.grace:
             return status
-        unlisted = status.reason == RAY_UNCONFIRMED
-        what = "Ray has not listed its TPU hosts" if unlisted else "KubeRay could not reconcile it"
+        what = {RAY_UNCONFIRMED: "Ray has not listed its TPU hosts",
+                KUEUE_INADMISSIBLE: "Kueue could not admit it"}.get(status.reason, "KubeRay could not reconcile it")
         return dataclasses.replace(
             status, phase=Phase.FAILED,
             message=f"{what} for {now - since:.0f} s, longer than the grace period of {self.grace:.0f} s: "

@@ -7,6 +7,8 @@
 #       etcd  kube-apiserver  kube-scheduler  kube-controller-manager  kuberay-operator
 #   .../<version-key>/crds/ray.io_*.yaml   (copied from the ray-operator module)
 #   .../kuberay-samples-<version>/*.yaml   (KubeRay's TPU samples at that tag: --samples, no build)
+#   .../kueue-<version>_<go>/bin/kueue, crds/, webhooks.yaml   (Kueue's manager, its CRDs and webhook
+#       registrations from its module: --kueue; tests/k8s/kueue.py runs it)
 #
 # Idempotent: each component is built to a temporary name, moved into place
 # and only then given a marker (.done/<name>); a component without its marker
@@ -20,6 +22,7 @@
 #        build_binaries.sh --check    print bin dir if complete, else exit 1
 #        build_binaries.sh --key      print the version key
 #        build_binaries.sh --samples  download KubeRay's TPU samples (no build), print their dir
+#        build_binaries.sh --kueue    build Kueue's manager once, print its dir (--kueue-dir: print it if built)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,6 +33,8 @@ K8S_VERSION="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$G
 ETCD_VERSION="$(awk '$1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {print $3}' "$GODIR/etcd/go.mod")"
 KUBERAY_VERSION="v1.6.2"
 KUBERAY_MODULE="github.com/ray-project/kuberay/ray-operator"
+KUEUE_VERSION="v0.17.0"
+KUEUE_MODULE="sigs.k8s.io/kueue"
 
 # Never let the go command fetch another toolchain; build with the one here.
 export GOTOOLCHAIN=local
@@ -62,8 +67,38 @@ samples() {
   touch "$SAMPLES/.done"
 }
 
+KUEUE="$CACHE/kueue-${KUEUE_VERSION}_${GOVERSION}"
+
+# kueue: Kueue's manager (go install of its cmd/kueue: no replace directives in its go.mod), and from the
+# same module its CRDs and webhook registrations, for the queueing tests (tests/k8s/test_kueue.py).
+kueue() {
+  [[ -f "$KUEUE/.done" ]] && return 0
+  mkdir -p "$KUEUE/bin" "$KUEUE/crds"
+  local gobin moddir start
+  gobin="$(mktemp -d "$KUEUE/gobin.XXXXXX")"
+  start=$SECONDS
+  echo "[build_binaries] building kueue $KUEUE_VERSION ..." >&2
+  GOBIN="$gobin" GOFLAGS="-buildvcs=false" go install -trimpath -ldflags="-s -w" "$KUEUE_MODULE/cmd/kueue@$KUEUE_VERSION" >&2
+  mv -f "$gobin/kueue" "$KUEUE/bin/kueue"
+  rmdir "$gobin"
+  moddir="$(GOFLAGS=-mod=mod go mod download -json "$KUEUE_MODULE@$KUEUE_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  cp -f "$moddir"/config/components/crd/bases/*.yaml "$KUEUE/crds/"
+  cp -f "$moddir/config/components/webhook/manifests.yaml" "$KUEUE/webhooks.yaml"
+  chmod 0644 "$KUEUE"/crds/*.yaml "$KUEUE/webhooks.yaml"
+  printf '%s kueue %ss (%s, %s cores)\n' "$(date -u +%FT%TZ)" "$((SECONDS - start))" "$GOVERSION" "$(nproc)" \
+    >>"$KUEUE/build-times.log"
+  echo "$KUEUE_MODULE@$KUEUE_VERSION" >"$KUEUE/SOURCE"
+  touch "$KUEUE/.done"
+}
+
 case "${1:-}" in
   --key) echo "$KEY"; exit 0 ;;
+  --kueue) kueue && echo "$KUEUE"; exit $? ;;
+  --kueue-dir)
+    if [[ -f "$KUEUE/.done" ]]; then echo "$KUEUE"; exit 0; fi
+    echo "Kueue not built: run tests/k8s/build_binaries.sh --kueue" >&2
+    exit 1 ;;
   --samples) samples && echo "$SAMPLES"; exit $? ;;
   --samples-dir)
     if [[ -f "$SAMPLES/.done" ]]; then echo "$SAMPLES"; exit 0; fi
@@ -74,7 +109,7 @@ case "${1:-}" in
     echo "control-plane binaries not built: run tests/k8s/build_binaries.sh (cache: $DIR)" >&2
     exit 1 ;;
   "") ;;
-  *) echo "usage: $0 [--check|--key|--samples|--samples-dir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--check|--key|--samples|--samples-dir|--kueue|--kueue-dir]" >&2; exit 2 ;;
 esac
 
 if [[ -f "$DIR/.complete" ]]; then

@@ -276,13 +276,15 @@ class ControlPlane(StartupWaits, Credentials):
             return e.code, e.read()
 
     # --------------------------------------------------------- namespaces
-    def create_namespace(self, name: str, timeout: float = 30.0, *, tpu_webhook: bool = False) -> str:
+    def create_namespace(self, name: str, timeout: float = 30.0, *, tpu_webhook: bool = False,
+                         labels: dict[str, str] | None = None) -> str:
         """Create a namespace and wait for its ``default`` ServiceAccount
         (pods are rejected until the serviceaccount controller made it).
 
         :param tpu_webhook: GKE's TPU webhook (tests/k8s/tpuwebhook.py) mutates the TPU pods made in it.
+        :param labels: more labels, e.g. the one that lets Kueue's webhooks in (tests/k8s/kueue.py).
         """
-        labels = {TPU_WEBHOOK_LABEL: "enabled"} if tpu_webhook else {}
+        labels = {**({TPU_WEBHOOK_LABEL: "enabled"} if tpu_webhook else {}), **(labels or {})}
         body = json.dumps({"apiVersion": "v1", "kind": "Namespace",
                            "metadata": {"name": name, "labels": labels}}).encode()
         status, out = self.request("POST", "/api/v1/namespaces", body)

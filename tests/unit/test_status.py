@@ -135,6 +135,13 @@ def test_suspended() -> None:
     )
 
 
+def test_resumed_is_provisioning_while_kuberays_status_still_says_suspended() -> None:
+    resumed = cluster_with({"state": "suspended", "conditions": [condition("RayClusterSuspended")]})
+    resumed["spec"]["suspend"] = False  # what Kueue writes when it admits the cluster
+    status = read_ray_cluster(resumed)
+    assert status.phase is Phase.PROVISIONING and status.message == "head not ready; 0 of 8 TPU hosts ready"
+
+
 def test_being_deleted_is_gone() -> None:
     assert read_ray_cluster(cluster_with(READY, deletionTimestamp="2026-12-02T00:00:00Z")).phase is Phase.GONE
 

@@ -29,6 +29,7 @@ from airflow_provider_raytpu.backends.kuberay.connection_check import missing_ve
 from airflow_provider_raytpu.backends.kuberay.crd import RayClusterCrd, read_raycluster_crd
 from airflow_provider_raytpu.backends.kuberay.diagnosis import cluster_pods, diagnose_cluster
 from airflow_provider_raytpu.backends.kuberay.informer import informer
+from airflow_provider_raytpu.backends.kuberay.kueue import akueue_record, kueue_record
 from airflow_provider_raytpu.backends.kuberay.objects import RAY_CLUSTERS, CustomObjects
 from airflow_provider_raytpu.backends.kuberay.pods import pod_reader
 from airflow_provider_raytpu.backends.kuberay.ray_token import RayTokenTransport, add_token_auth
@@ -38,6 +39,7 @@ from airflow_provider_raytpu.backends.ray_state import aconfirm, confirm
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.manifests.raycluster import DASHBOARD_PORT, MANAGED_BY, MANAGED_BY_LABEL
 from airflow_provider_raytpu.status import ClusterStatus, Phase, read_ray_cluster
+from airflow_provider_raytpu.status.kueue import held_in
 from airflow_provider_raytpu.status.tpu_webhook import check_tpu_webhook
 
 if TYPE_CHECKING:
@@ -148,6 +150,8 @@ class KubeRayBackend(ClusterBackend):
             return read_ray_cluster(None)
         pods = self.cluster_pods(name, namespace)
         status = read_ray_cluster(cluster, pods)
+        if (queue := held_in(cluster, status)) is not None:
+            return kueue_record(self.clients, cluster, queue).held(status)
         if not confirm_with_ray:
             return status
         return confirm(check_tpu_webhook(status, cluster, pods), pods, self.dashboard(name, namespace))
@@ -180,7 +184,9 @@ class KubeRayBackend(ClusterBackend):
         host of every slice ready, read together with other clusters' triggers of the same
         moment), with ``confirm_with_ray`` also with the TPU webhook's variables in those pods
         and Ray's node list, and, when they disagree, read again after ``poll_interval`` seconds
-        or the next change, whichever comes first.
+        or the next change, whichever comes first. A cluster Kueue holds is read with its Workload
+        (:mod:`~airflow_provider_raytpu.status.kueue`), again every ``poll_interval`` seconds: the
+        Workload changes while the cluster does not.
         """
         shared = await self.clients.shared()
         clusters = await informer(shared, self.objects, namespace)
@@ -189,8 +195,10 @@ class KubeRayBackend(ClusterBackend):
             cluster: dict[str, Any] | None = await subscription.next()
             while True:
                 status = read_ray_cluster(cluster)
-                unconfirmed = False
-                if status.phase is Phase.READY:
+                again = False  # look again after poll_interval even without a change
+                if cluster is not None and (queue := held_in(cluster, status)) is not None:
+                    status, again = (await akueue_record(shared, cluster, queue)).held(status), True
+                elif status.phase is Phase.READY:
                     try:
                         found = await pods.pods_of(name)
                     except Exception as exc:  # READY is not said without the pods; look again soon
@@ -202,14 +210,14 @@ class KubeRayBackend(ClusterBackend):
                         if confirm_with_ray:
                             status = await aconfirm(check_tpu_webhook(status, cluster, found), found,
                                                     self.dashboard(name, namespace))
-                    unconfirmed = status.phase is Phase.PROVISIONING
-                if not unconfirmed:
+                    again = status.phase is Phase.PROVISIONING  # the pods disagree
+                if not again:
                     cluster = None  # a thousand waiting triggers keep no object each
                 yield status
-                if not unconfirmed:
+                if not again:
                     cluster = await subscription.next()
                     continue
-                with contextlib.suppress(TimeoutError):  # the pods disagree: look again even without a change
+                with contextlib.suppress(TimeoutError):
                     cluster = await asyncio.wait_for(subscription.next(), poll_interval)
 
     async def adiagnose(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:

@@ -26,6 +26,8 @@ ROLE_VERBS: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "events"): ("get", "list", "watch"),
     ("", "services/proxy"): ("get", "create", "update"),
     ("", "secrets"): ("get",),
+    ("kueue.x-k8s.io", "workloads"): ("get", "list"),
+    ("kueue.x-k8s.io", "localqueues"): ("get", "list"),
 }
 WEBHOOK_FIX = ("on GKE, enable the Ray operator add-on (gcloud container clusters update CLUSTER "
                "--update-addons=RayOperator=ENABLED); elsewhere install ai-on-gke's kuberay-tpu-webhook")

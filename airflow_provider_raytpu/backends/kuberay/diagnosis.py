@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.rest import ApiException
 
+from airflow_provider_raytpu.backends.kuberay.kueue import kueue_record
 from airflow_provider_raytpu.backends.kuberay.objects import api_retry
 from airflow_provider_raytpu.backends.kuberay.pods import CLUSTER_LABEL
 from airflow_provider_raytpu.status import ClusterStatus, diagnose_pods, read_ray_cluster
+from airflow_provider_raytpu.status.kueue import held_in, queue_of
 
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
@@ -41,12 +43,20 @@ def cluster_pods(clients: KubeClients, name: str, namespace: str) -> list[dict[s
 
 def diagnose_cluster(clients: KubeClients, cluster: dict[str, Any] | None,
                      judge: Judge = lambda status, pods: status) -> str:
-    """Why a RayCluster is not ready: which hosts are missing, what the pods' events say holds them, and
-    (``judge``) what else its status lacks, e.g. the TPU hosts Ray does not list."""
+    """Why a RayCluster is not ready: whether Kueue holds it (queued: for which ClusterQueue and why) or admitted
+    it, which hosts are missing, what the pods' events say holds them (unschedulable: why), and (``judge``) what
+    else its status lacks, e.g. the TPU hosts Ray does not list."""
     if cluster is None:
         return read_ray_cluster(None).message
     metadata = cluster["metadata"]
     pods = cluster_pods(clients, metadata["name"], metadata["namespace"])
     events = _list_core(clients.core.list_namespaced_event, metadata["namespace"],
                         field_selector="involvedObject.kind=Pod")
-    return diagnose_pods(judge(read_ray_cluster(cluster, pods), pods), pods, events)
+    status = read_ray_cluster(cluster, pods)
+    if (queue := queue_of(cluster)) is None:
+        return diagnose_pods(judge(status, pods), pods, events)
+    record = kueue_record(clients, cluster, queue)
+    if held_in(cluster, status) is not None:
+        return diagnose_pods(record.held(status), pods, events)
+    head, _, rest = diagnose_pods(judge(status, pods), pods, events).partition("\n")
+    return "\n".join(filter(None, (head, f"- Kueue: {record.line(held=False)}", rest)))

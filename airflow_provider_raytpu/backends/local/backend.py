@@ -24,6 +24,7 @@ import copy
 import functools
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import shutil
 import sys
@@ -71,6 +72,9 @@ from airflow_provider_raytpu.status import (
     pod_is_ready,
     read_ray_cluster,
 )
+from airflow_provider_raytpu.status.kueue import queue_of
+
+log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 15
 
@@ -195,6 +199,9 @@ class LocalBackend(ClusterBackend):
     def apply_cluster(self, manifest: dict[str, Any], *, update_if_exists: bool = False) -> ApplyResult:
         plan = plan_cluster(manifest, self.settings.local_max_hosts)
         name, namespace = plan.name, plan.namespace
+        if queue := queue_of(manifest):
+            log.warning("RayCluster %s/%s is put in Kueue LocalQueue %s; the local backend has no Kueue: it starts "
+                        "at once", namespace, name, queue)
         path = self.cluster_dir(name, namespace)  # validates both names before anything is written
         with self._lock(name, namespace):
             stored = self._read(name, namespace)
