@@ -55,6 +55,12 @@ CONN_FIELDS = {
         "send each cluster's token, read from its Secret (needs get on secrets).",
         {**_FLAG, "default": True},
     ),
+    "chip_hour_prices": _field(
+        "Chip-hour prices",
+        'For teardowns\' cost estimates: a price per chip-hour by TPU generation and capacity kind, e.g. '
+        '{"v6e": {"on-demand": 2.7, "spot": 1.1}}. No price is built in.',
+        {"type": ["object", "null"]},
+    ),
     "local_home": _field("Local state directory", "Backend local: where clusters are recorded.", _STRING),
     "local_max_hosts": _field(
         "Local host limit", "Backend local: the largest slice emulated, in hosts.", {"type": ["integer", "null"]}

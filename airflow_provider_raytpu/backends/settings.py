@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.names import check_namespace
+from airflow_provider_raytpu.status.usage import check_prices
 from airflow_provider_raytpu.values import parse_bool, parse_int
 
 BACKENDS = ("local", "kubernetes", "gke")
@@ -53,6 +54,9 @@ class ConnectionSettings:
     :param ray_token_auth: (kubernetes, gke) turn on Ray's token authentication (KubeRay's ``authOptions``,
         where the CRD and the cluster's Ray 2.52+ have it) and send each cluster's token, read from the
         Secret KubeRay makes for it, to its dashboard.
+    :param chip_hour_prices: a price per chip-hour by TPU generation and capacity kind,
+        ``{"v6e": {"on-demand": 2.7, "spot": 1.1}}``: teardowns estimate each cluster's cost with it
+        (a ``DeleteRayClusterOperator``'s own ``chip_hour_prices`` wins). No price is built in.
     """
 
     conn_id: str
@@ -73,6 +77,7 @@ class ConnectionSettings:
     local_max_hosts: int = 8
     confirm_with_ray: bool = True
     ray_token_auth: bool = True
+    chip_hour_prices: Mapping[str, Mapping[str, float]] | None = None
 
     @classmethod
     def from_extra(cls, conn_id: str, extra: Mapping[str, Any]) -> ConnectionSettings:
@@ -110,6 +115,9 @@ class ConnectionSettings:
                 f"connection {conn_id!r} extra.dashboard_url", None, "is required with dashboard='url'",
                 "Set it, e.g. 'https://ray.example.com/{namespace}/{cluster_name}/'",
             )
+        if "chip_hour_prices" in values:
+            values["chip_hour_prices"] = check_prices(values["chip_hour_prices"],
+                                                      f"connection {conn_id!r} extra.chip_hour_prices")
         if "namespace" in values:
             check_namespace(values["namespace"], f"connection {conn_id!r} extra.namespace")
         if backend == "gke":

@@ -235,7 +235,8 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
     :param deletion_timeout: seconds to wait for that.
     :param poll_interval: seconds between checks while waiting.
     :param chip_hour_prices: a price per chip-hour by generation and capacity kind,
-        ``{"v6e": {"on-demand": 2.7, "spot": 1.1}}``, for a cost estimate in the ``tpu_usage`` XCom.
+        ``{"v6e": {"on-demand": 2.7, "spot": 1.1}}``, for a cost estimate in the ``tpu_usage`` XCom; default:
+        the connection's ``chip_hour_prices`` extra, else no estimate.
 
     Each deleted cluster's usage (:func:`~airflow_provider_raytpu.status.usage.tpu_usage`: chip-hours from
     ready to gone by capacity kind, slices made again meanwhile, the estimate) is a log line, a list in the
@@ -261,7 +262,9 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         result = super().execute(context)
         gone = datetime.now(timezone.utc)
-        usages = [tpu_usage(cluster, pods, tpu, gone, check_prices(self.chip_hour_prices))
+        prices = check_prices(self.chip_hour_prices) if self.chip_hour_prices is not None else dict(
+            self.hook.settings.chip_hour_prices or {})
+        usages = [tpu_usage(cluster, pods, tpu, gone, prices)
                   for cluster, pods in self.last_seen.values() if (tpu := tpu_slice_of(cluster))]
         for usage in usages:
             self.log.info("%s", describe_usage(usage))

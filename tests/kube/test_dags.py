@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from tests.airflow_runner import run_dag, task_instances
 from tests.fakekube.kuberay import KubeRayReactor
 from tests.fakekube.server import FakeKubeApiServer
 from tests.gcs import wait_for
-from tests.kube.conftest import NAMESPACE
+from tests.kube.conftest import NAMESPACE, raytpu_connection
 from tests.task_logs import LOADED_SILENCE_LIMIT_SECONDS, captured_output, problems, task_logs
 
 pytestmark = pytest.mark.timeout(120)
@@ -157,24 +158,31 @@ with DAG("usage", schedule=None, start_date=datetime(2026, 1, 1)):
                                       topology="4x4", num_slices=2, capacity="spot")
     ready = RayClusterReadySensor(task_id="wait_ready", cluster=create.output, timeout=60, poll_interval=1)
     delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster=create.output, poll_interval=0.2,
-                                      chip_hour_prices={"v6e": {"spot": 1.5, "on-demand": 4.0}},
-                                      outlets=[Asset("raytpu://usage")])
+                                      outlets=[Asset("raytpu://usage")], PRICES)
     create >> ready >> delete.as_teardown(setups=create)
 '''
 
 
+@pytest.mark.parametrize(("task_prices", "connection_prices"), [
+    ({"v6e": {"spot": 1.5, "on-demand": 4.0}}, {"v6e": {"spot": 9.9}}),  # the task's own win
+    (None, {"v6e": {"spot": 1.5}}),  # else the connection's extras
+])
 def test_a_teardown_reports_the_chip_hours_from_ready_to_gone_and_their_estimated_cost(
-        airflow_home: Path, connections: None, kube: FakeKubeApiServer) -> None:
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer, monkeypatch: pytest.MonkeyPatch,
+        task_prices: dict[str, Any] | None, connection_prices: dict[str, Any]) -> None:
     """The usage record is the teardown's ``tpu_usage`` XCom and its outlet's asset-event extra; ready is when
-    KubeRay first said ready (between the create and the sensor), gone after the delete."""
+    KubeRay first said ready (between the create and the sensor), gone after the delete. The prices are the
+    task's, else the connection's."""
     from sqlalchemy import select
 
     from airflow.models.asset import AssetEvent
     from airflow.utils.session import create_session
 
+    monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(chip_hour_prices=connection_prices))
     started = datetime.now(timezone.utc).replace(microsecond=0)
+    source = USAGE.replace("PRICES", f"chip_hour_prices={task_prices!r}")
     with KubeRayReactor(kube, delay=1.0, stagger=0.05):
-        outcome = run_dag(airflow_home, USAGE, "usage")
+        outcome = run_dag(airflow_home, source, "usage")
     assert {task: o.state for task, o in outcome.items()} == {
         "create_cluster": "success", "wait_ready": "success", "delete_cluster": "success"}
     (usage,) = outcome["delete_cluster"].xcoms["tpu_usage"]
@@ -186,7 +194,8 @@ def test_a_teardown_reports_the_chip_hours_from_ready_to_gone_and_their_estimate
     assert usage["chip_hours"] == {"spot": pytest.approx(32 * hours, abs=1e-5)}
     assert usage["estimated_cost"] == {"spot": pytest.approx(1.5 * 32 * hours, abs=1e-3)}
     with create_session() as session:
-        (extra,) = session.execute(select(AssetEvent.extra).where(AssetEvent.source_dag_id == "usage")).one()
+        extra = session.execute(select(AssetEvent.extra).where(AssetEvent.source_dag_id == "usage")
+                                .order_by(AssetEvent.id.desc())).first()[0]
     assert extra["tpu_usage"] == [usage]
 
 

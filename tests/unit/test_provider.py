@@ -81,6 +81,7 @@ def test_connection_settings() -> None:
     assert s.use_internal_ip is True
     assert s.impersonation_chain == ["a@p.iam.gserviceaccount.com", "b@p.iam.gserviceaccount.com"]
     assert settings(backend="local").namespace == "default"
+    assert settings(backend="local", chip_hour_prices={"v6e": {"spot": 1}}).chip_hour_prices == {"v6e": {"spot": 1.0}}
 
 
 @pytest.mark.parametrize(
@@ -93,6 +94,7 @@ def test_connection_settings() -> None:
         ({"backend": "kubernetes", "dashboard": "url"}, "extra.dashboard_url"),
         ({"backend": "kubernetes", "namespaces": "ml"}, "extra"),
         ({"backend": "local", "local_max_hosts": "many"}, "extra.local_max_hosts"),
+        ({"backend": "local", "chip_hour_prices": {"v6e": 2.7}}, "extra.chip_hour_prices"),
     ],
 )
 def test_bad_connection_settings_name_the_field(extra: dict, field: str) -> None:
