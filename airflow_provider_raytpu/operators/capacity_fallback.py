@@ -23,6 +23,7 @@ from airflow_provider_raytpu.capacity import Capacity, parse_capacities
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.raycluster import CAPACITY_TRIED_ANNOTATION, tpu_slice_of
 from airflow_provider_raytpu.operators.base import ClusterTaskMixin
+from airflow_provider_raytpu.status.conditions import parse_time
 from airflow_provider_raytpu.triggers.raycluster import RayClusterReadyTrigger
 from airflow_provider_raytpu.values import parse_duration
 
@@ -63,7 +64,7 @@ def age_of(cluster: dict[str, Any]) -> float:
     created = cluster.get("metadata", {}).get("creationTimestamp")
     if not created:
         return 0.0
-    return (datetime.now(timezone.utc) - datetime.fromisoformat(created.replace("Z", "+00:00"))).total_seconds()
+    return (datetime.now(timezone.utc) - parse_time(created)).total_seconds()
 
 
 class CapacityFallbackMixin(ClusterTaskMixin):

@@ -17,11 +17,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from airflow_provider_raytpu.status.conditions import conditions, is_true
+from airflow_provider_raytpu.status.conditions import conditions, is_true, parse_time
 from airflow_provider_raytpu.status.plain import plain
 
 REPLICA_INDEX_LABEL = "ray.io/worker-group-replica-index"
@@ -204,7 +203,7 @@ class ReconcileFailureGrace:
             return None
         if status.failing_since:
             try:
-                return datetime.fromisoformat(status.failing_since.replace("Z", "+00:00")).timestamp()
+                return parse_time(status.failing_since).timestamp()
             except ValueError:
                 pass
         if self.first_seen is None:

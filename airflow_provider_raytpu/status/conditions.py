@@ -1,8 +1,9 @@
-"""Kubernetes status conditions, read alike for pods, RayClusters and RayServices."""
+"""Kubernetes status conditions, read alike for pods, RayClusters and RayServices, and the times they carry."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 
@@ -20,3 +21,11 @@ def is_true(condition: Mapping[str, Any] | None) -> bool:
     :param condition: the condition, ``None`` when it is not set.
     """
     return bool(condition) and condition.get("status") == "True"
+
+
+def parse_time(text: str) -> datetime:
+    """An RFC 3339 time as Kubernetes writes it (``2026-12-04T21:11:12Z``), timezone-aware.
+
+    :raises ValueError: not such a time.
+    """
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))

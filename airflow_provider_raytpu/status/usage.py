@@ -14,15 +14,11 @@ from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.status.cluster import NODE_TYPE_LABEL, REPLICA_INDEX_LABEL
+from airflow_provider_raytpu.status.conditions import parse_time
 from airflow_provider_raytpu.tpu import TpuSlice
 
 #: The XCom key (and asset-event extra) of a teardown's usage records.
 USAGE_XCOM_KEY = "tpu_usage"
-
-
-def parse_time(text: str) -> datetime:
-    """An RFC 3339 time as Kubernetes writes it (``2026-12-04T21:11:12Z``)."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def ready_at(cluster: Mapping[str, Any]) -> datetime | None:
