@@ -85,16 +85,16 @@ class CapacityFallbackMixin(ClusterTaskMixin):
         """Make or adopt the cluster on ``capacity``; return its reference."""
         raise NotImplementedError
 
-    def try_capacity(self, context: Context, index: int, tried: list[dict[str, str]]) -> dict[str, Any] | None:
-        """Make the cluster on kind ``index``; with more kinds after it, defer until its hosts are placed."""
-        kinds = parse_capacities(self.capacity)
+    def try_capacity(self, context: Context, kinds: tuple[Capacity, ...], index: int,
+                     tried: list[dict[str, str]]) -> dict[str, Any] | None:
+        """Make the cluster on ``kinds[index]``; with more kinds after it, defer until its hosts are placed."""
         reference = self.apply_on(context, kinds[index])
         name, namespace = reference["cluster_name"], reference["namespace"]
         if tried:
             self.backend.annotate_cluster(name, namespace, {CAPACITY_TRIED_ANNOTATION: json.dumps(tried)})
         window = parse_fallback_after(self.fallback_after, kinds)
         if window is None or index == len(kinds) - 1:
-            return self.keep(context, reference, kinds[index], tried, "the last kind listed: kept")
+            return self.keep(context, reference, kinds, index, tried, "the last kind listed: kept")
         self.log.info("RayCluster %s/%s: waiting up to %.0f s for %s to place its TPU hosts, else %s", namespace,
                       name, window.total_seconds(), kinds[index].describe(), kinds[index + 1].describe())
         self.defer(
@@ -127,7 +127,7 @@ class CapacityFallbackMixin(ClusterTaskMixin):
         placed = f"{status.scheduled_hosts} of {status.desired_hosts} TPU hosts placed in {waited:.0f} s"
         all_placed = status.desired_hosts and status.scheduled_hosts >= status.desired_hosts
         if event["status"] != "TIMEOUT" or all_placed or index == len(kinds) - 1:
-            return self.keep(context, reference, kind, tried, placed)
+            return self.keep(context, reference, kinds, index, tried, placed)
         following = kinds[index + 1]
         self.log.warning("RayCluster %s/%s: %s has %s; deleting it to make it on %s.\n%s", namespace, name,
                          kind.describe(), placed, following.describe(), event.get("diagnosis", ""))
@@ -136,12 +136,14 @@ class CapacityFallbackMixin(ClusterTaskMixin):
         wait_until_gone("RayCluster", name, namespace, backend.get_cluster, log=self.log,
                         pods_left=lambda: [p["metadata"]["name"] for p in backend.cluster_pods(name, namespace)],
                         deleting_since=since)
-        return self.try_capacity(context, index + 1, [*tried, {"capacity": str(kind), "outcome": placed}])
+        return self.try_capacity(context, kinds, index + 1, [*tried, {"capacity": str(kind), "outcome": placed}])
 
-    def keep(self, context: Context, reference: dict[str, Any], kind: Capacity, tried: list[dict[str, str]],
-             outcome: str) -> dict[str, Any]:
-        """The cluster stays on ``kind``: record what was tried (the ``capacity`` XCom) and return its reference."""
-        if len(parse_capacities(self.capacity)) > 1:
+    def keep(self, context: Context, reference: dict[str, Any], kinds: tuple[Capacity, ...], index: int,
+             tried: list[dict[str, str]], outcome: str) -> dict[str, Any]:
+        """The cluster stays on ``kinds[index]``: record what was tried (the ``capacity`` XCom, with a list of kinds)
+        and return its reference."""
+        kind = kinds[index]
+        if len(kinds) > 1:
             record = {"used": str(kind), "tried": [*tried, {"capacity": str(kind), "outcome": outcome}]}
             context["ti"].xcom_push(key=CAPACITY_XCOM_KEY, value=record)
         if tried:

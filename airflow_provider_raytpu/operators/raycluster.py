@@ -173,7 +173,7 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
             parse_fallback_after(self.fallback_after, kinds)
             cluster = self.backend.get_cluster(self._name(context), self.resolved_namespace()) if kinds[1:] else None
             index, tried = resume_at(cluster, kinds)
-        return self.try_capacity(context, index, tried)
+        return self.try_capacity(context, kinds, index, tried)
 
     def _name(self, context: Context) -> str:
         return resource_name(self.cluster_name or default_cluster_name(context), "cluster_name")
