@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
 
-__all__ = ["parse_bool", "parse_duration", "parse_int", "parse_optional_int", "parse_slice_range"]
+__all__ = ["check_prices", "parse_bool", "parse_duration", "parse_int", "parse_optional_int", "parse_slice_range"]
 
 
 def parse_int(value: Any, field: str, *, minimum: int = 1, example: int = 2, maximum: int | None = None,
@@ -90,3 +91,22 @@ def parse_slice_range(value: Any, field: str = "num_slices") -> tuple[int, int] 
     if low > high:
         raise InvalidInputError(field, value, f"asks for at least {low} slices but at most {high}", fix)
     return low, high
+
+
+def check_prices(prices: Any, field: str = "chip_hour_prices") -> dict[str, dict[str, float]]:
+    """A price per chip-hour by TPU generation and capacity kind: ``{"v6e": {"spot": 1.1, "on-demand": 2.7}}``.
+
+    :raises InvalidInputError: for anything else.
+    """
+    example = 'e.g. {"v6e": {"on-demand": 2.7, "spot": 1.1}} in your currency per chip-hour'
+    if prices is None:
+        return {}
+    if not isinstance(prices, Mapping) or not all(
+        isinstance(kinds, Mapping) and all(
+            isinstance(price, (int, float)) and not isinstance(price, bool) and price >= 0 for price in kinds.values())
+        for kinds in prices.values()
+    ):
+        raise InvalidInputError(field, prices, "is not a table of prices by generation and capacity kind",
+                                f"Give {example}")
+    return {str(generation): {str(kind): float(price) for kind, price in kinds.items()}
+            for generation, kinds in prices.items()}

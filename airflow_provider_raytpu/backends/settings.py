@@ -8,8 +8,7 @@ from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.names import check_namespace
-from airflow_provider_raytpu.status.usage import check_prices
-from airflow_provider_raytpu.values import parse_bool, parse_int
+from airflow_provider_raytpu.values import check_prices, parse_bool, parse_int
 
 BACKENDS = ("local", "kubernetes", "gke")
 DASHBOARD_ACCESS = ("proxy", "dns", "url")

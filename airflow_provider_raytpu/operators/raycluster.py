@@ -42,9 +42,9 @@ from airflow_provider_raytpu.operators.expiry import lifetime_on, parse_lifetime
 from airflow_provider_raytpu.operators.links import RayDashboardLink, push_dashboard_link
 from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice, check_offered
 from airflow_provider_raytpu.status import ClusterStatus
-from airflow_provider_raytpu.status.usage import USAGE_XCOM_KEY, check_prices, describe_usage, tpu_usage
+from airflow_provider_raytpu.status.usage import USAGE_XCOM_KEY, describe_usage, tpu_usage
 from airflow_provider_raytpu.tpu import TpuSlice
-from airflow_provider_raytpu.values import parse_bool
+from airflow_provider_raytpu.values import check_prices, parse_bool
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

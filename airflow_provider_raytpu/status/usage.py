@@ -12,7 +12,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.status.cluster import NODE_TYPE_LABEL, REPLICA_INDEX_LABEL
 from airflow_provider_raytpu.status.conditions import parse_time
 from airflow_provider_raytpu.tpu import TpuSlice
@@ -39,25 +38,6 @@ def slices_recreated(pods: Iterable[Mapping[str, Any]], since: datetime) -> int:
     return len(recreated)
 
 
-def check_prices(prices: Any, field: str = "chip_hour_prices") -> dict[str, dict[str, float]]:
-    """A price per chip-hour by TPU generation and capacity kind: ``{"v6e": {"spot": 1.1, "on-demand": 2.7}}``.
-
-    :raises InvalidInputError: for anything else.
-    """
-    example = 'e.g. {"v6e": {"on-demand": 2.7, "spot": 1.1}} in your currency per chip-hour'
-    if prices is None:
-        return {}
-    if not isinstance(prices, Mapping) or not all(
-        isinstance(kinds, Mapping) and all(
-            isinstance(price, (int, float)) and not isinstance(price, bool) and price >= 0 for price in kinds.values())
-        for kinds in prices.values()
-    ):
-        raise InvalidInputError(field, prices, "is not a table of prices by generation and capacity kind",
-                                f"Give {example}")
-    return {str(generation): {str(kind): float(price) for kind, price in kinds.items()}
-            for generation, kinds in prices.items()}
-
-
 def tpu_usage(cluster: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], tpu: TpuSlice, gone: datetime,
               prices: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
     """The usage record of a cluster that is gone at ``gone`` (plain JSON).
@@ -66,7 +46,7 @@ def tpu_usage(cluster: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], tpu
     :param pods: its pods as last read before its deletion.
     :param tpu: its slice shape and capacity.
     :param gone: when the cluster and its pods were gone.
-    :param prices: checked by :func:`check_prices`; no estimate without a price for the generation and kind.
+    :param prices: checked by :func:`~airflow_provider_raytpu.values.check_prices`; no estimate without a price for the generation and kind.
     """
     metadata = cluster.get("metadata") or {}
     ready = ready_at(cluster)

@@ -9,7 +9,8 @@ import pytest
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.operators.raycluster import DeleteRayClusterOperator
-from airflow_provider_raytpu.status.usage import check_prices, describe_usage, tpu_usage
+from airflow_provider_raytpu.status.usage import describe_usage, tpu_usage
+from airflow_provider_raytpu.values import check_prices
 from airflow_provider_raytpu.tpu import TpuSlice
 
 READY = datetime(2026, 12, 4, 2, 0, 0, tzinfo=timezone.utc)
