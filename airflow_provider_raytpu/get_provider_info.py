@@ -90,6 +90,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_raytpu.operators.ray_data",
                     "airflow_provider_raytpu.operators.jax_trainer",
                     "airflow_provider_raytpu.operators.rayservice",
+                    "airflow_provider_raytpu.operators.run_report",
                 ],
             }
         ],

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from airflow.sdk import TriggerRule
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
@@ -15,6 +16,7 @@ from airflow_provider_raytpu.errors import FatalError, InvalidInputError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 from airflow_provider_raytpu.manifests.names import check_namespace
 from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin, tpu_slice_of
+from airflow_provider_raytpu.status.run_report import TASK_SPAN_XCOM_KEY
 from airflow_provider_raytpu.tpu import TpuSlice
 
 if TYPE_CHECKING:
@@ -129,6 +131,18 @@ def read_reference(value: Any, field: str, name_key: str) -> dict[str, Any] | No
     return dict(value)
 
 
+class TeardownWhateverHappenedMixin:
+    """An operator whose ``as_teardown`` runs it once everything upstream is done, also when every setup failed
+    (a create can fail after applying its cluster; Airflow's own teardown rule would then skip it)."""
+
+    def as_teardown(self, *, setups: Any = None, on_failure_fail_dagrun: bool | None = None) -> Any:
+        """Airflow's ``as_teardown`` with the trigger rule ``all_done``."""
+        super().as_teardown(setups=setups, on_failure_fail_dagrun=on_failure_fail_dagrun)  # type: ignore[misc]
+        if not (self.has_dag() and self.dag.fail_fast):  # type: ignore[attr-defined]  # fail_fast allows default rules only
+            self.trigger_rule = TriggerRule.ALL_DONE
+        return self
+
+
 class ClusterTaskMixin:
     """An operator or sensor that works on an existing RayCluster.
 
@@ -150,6 +164,12 @@ class ClusterTaskMixin:
         super().render_template_fields(context, jinja_env)  # type: ignore[misc]
         with fail_fast():
             self.take_reference()
+
+    def post_execute(self, context: Context, result: Any = None) -> None:
+        """Record when this task's try ran (``raytpu_task_span``), for the run report's timeline."""
+        start = context["ti"].start_date
+        context["ti"].xcom_push(key=TASK_SPAN_XCOM_KEY, value={
+            "start": start.isoformat() if start else None, "end": datetime.now(timezone.utc).isoformat()})
 
     def take_reference(self) -> dict[str, Any] | None:
         """Fill the name, namespace and connection from the rendered reference, where not given."""

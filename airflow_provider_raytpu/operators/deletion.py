@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import BaseOperator, TriggerRule
+from airflow.sdk import BaseOperator
 from airflow_provider_raytpu.backends.apply import describe_owner, is_managed, owner_of, wait_until_gone
 from airflow_provider_raytpu.manifests.names import label_value, resource_name
 from airflow_provider_raytpu.manifests.raycluster import (
@@ -32,14 +32,19 @@ from airflow_provider_raytpu.manifests.raycluster import (
     RUN_ID_KEY,
     TASK_ID_KEY,
 )
-from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast, map_index_of
+from airflow_provider_raytpu.operators.base import (
+    ClusterTaskMixin,
+    TeardownWhateverHappenedMixin,
+    fail_fast,
+    map_index_of,
+)
 from airflow_provider_raytpu.progress import progress
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class DeleteOwnedOperator(ClusterTaskMixin, BaseOperator):
+class DeleteOwnedOperator(TeardownWhateverHappenedMixin, ClusterTaskMixin, BaseOperator):
     """Delete one named object, or every object the creating tasks of this DAG (run) made.
 
     Subclasses say which kind (:attr:`kind`), which owner keys select (:attr:`owner_keys`), the
@@ -78,13 +83,6 @@ class DeleteOwnedOperator(ClusterTaskMixin, BaseOperator):
         self.wait_for_deletion = wait_for_deletion
         self.deletion_timeout = deletion_timeout
         self.poll_interval = poll_interval
-
-    def as_teardown(self, *, setups: Any = None, on_failure_fail_dagrun: bool | None = None) -> DeleteOwnedOperator:
-        """Airflow's ``as_teardown``, run also when every setup failed (a create can fail after applying)."""
-        super().as_teardown(setups=setups, on_failure_fail_dagrun=on_failure_fail_dagrun)
-        if not (self.has_dag() and self.dag.fail_fast):  # a fail_fast DAG allows only its default rules
-            self.trigger_rule = TriggerRule.ALL_DONE
-        return self
 
     # -- what a subclass provides -------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The links on a task's page: the Ray dashboard, the job, the Serve application and endpoint, checkpoints, profiles.
+"""The links on a task's page: the Ray dashboard, the job, the Serve application and endpoint, checkpoints, profiles,
+the run report.
 
 Airflow 3 resolves operator links in the API server, which never runs operator code: each
 link's value is the XCom the task pushed under the link's ``xcom_key`` while it ran. So
@@ -73,6 +74,12 @@ class ProfileLink(XComLink):
     """The training run's JAX profiler traces (TensorBoard's ``plugins/profile`` layout) in the storage console."""
 
     name = "Profile"
+
+
+class RunReportLink(XComLink):
+    """The DAG run's report (its JSON and PNG timeline) in the storage console."""
+
+    name = "Run report"
 
 
 def push_link(context: Context, link: type[XComLink], url: str | None) -> None:

@@ -26,16 +26,27 @@ def ready_at(cluster: Mapping[str, Any]) -> datetime | None:
     return parse_time(text) if text else None
 
 
-def slices_recreated(pods: Iterable[Mapping[str, Any]], since: datetime) -> int:
-    """Slices with a host pod made after ``since``: each was made again at least once after the cluster was ready."""
-    recreated = set()
+def slices_made_again(pods: Iterable[Mapping[str, Any]], since: datetime) -> dict[str, datetime]:
+    """The slices (by replica index) with a host pod made after ``since``, each with its first such pod's creation.
+
+    Each was made again at least once after the cluster was ready (a preempted spot slice, a repaired host); only
+    the last time shows, as the pods of an earlier one are gone.
+    """
+    made_again: dict[str, datetime] = {}
     for pod in pods:
         metadata = pod.get("metadata") or {}
         labels = metadata.get("labels") or {}
         created = metadata.get("creationTimestamp")
-        if labels.get(NODE_TYPE_LABEL) == "worker" and created and parse_time(created) > since:
-            recreated.add(labels.get(REPLICA_INDEX_LABEL))
-    return len(recreated)
+        if labels.get(NODE_TYPE_LABEL) == "worker" and created and (when := parse_time(created)) > since:
+            index = str(labels.get(REPLICA_INDEX_LABEL))
+            made_again[index] = min(when, made_again.get(index, when))
+    return made_again
+
+
+def slice_timeline(num_slices: int, made_again: Mapping[str, datetime]) -> list[dict[str, Any]]:
+    """One entry per slice: its index and when it was made again after ready (``None``: never)."""
+    return [{"index": index, "made_again_at": made_again[str(index)].isoformat() if str(index) in made_again else None}
+            for index in range(num_slices)]
 
 
 def tpu_usage(cluster: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], tpu: TpuSlice, gone: datetime,
@@ -46,13 +57,16 @@ def tpu_usage(cluster: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], tpu
     :param pods: its pods as last read before its deletion.
     :param tpu: its slice shape and capacity.
     :param gone: when the cluster and its pods were gone.
-    :param prices: checked by :func:`~airflow_provider_raytpu.values.check_prices`; no estimate without a price for the generation and kind.
+    :param prices: checked by :func:`~airflow_provider_raytpu.values.check_prices`; no estimate without a price
+        for the generation and kind.
     """
     metadata = cluster.get("metadata") or {}
     ready = ready_at(cluster)
     hours = max(0.0, (gone - ready).total_seconds() / 3600) if ready else 0.0
     kind = tpu.capacity.kind
     chip_hours = round(hours * tpu.total_chips, 6)
+    created = metadata.get("creationTimestamp")
+    made_again = slices_made_again(pods, ready) if ready else {}
     usage: dict[str, Any] = {
         "cluster_name": metadata.get("name"),
         "namespace": metadata.get("namespace"),
@@ -61,11 +75,13 @@ def tpu_usage(cluster: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], tpu
         "num_slices": tpu.num_slices,
         "chips": tpu.total_chips,
         "capacity": str(tpu.capacity),
+        "created_at": parse_time(created).isoformat() if created else None,
         "ready_at": ready.isoformat() if ready else None,
         "gone_at": gone.isoformat(),
         "hours": round(hours, 6),
         "chip_hours": {kind: chip_hours},
-        "slices_recreated": slices_recreated(pods, ready) if ready else 0,
+        "slices_recreated": len(made_again),
+        "slices": slice_timeline(tpu.num_slices, made_again),
     }
     price = (prices or {}).get(tpu.accelerator, {}).get(kind)
     if price is not None:

@@ -199,6 +199,43 @@ def test_a_teardown_reports_the_chip_hours_from_ready_to_gone_and_their_estimate
     assert extra["tpu_usage"] == [usage]
 
 
+REPORT = USAGE.replace("from airflow.sdk import DAG, Asset", "from airflow.sdk import DAG, Asset\n"
+                       "from airflow_provider_raytpu.operators.run_report import RunReportOperator").replace(
+    "    create >> ready >> delete.as_teardown(setups=create)",
+    "    report = RunReportOperator(task_id='run_report', report_uri=REPORT_DIR)\n"
+    "    create >> ready >> delete.as_teardown(setups=create)\n"
+    "    delete >> report.as_teardown(setups=create)").replace('DAG("usage"', 'DAG("run_report"')
+
+
+def test_a_run_report_has_the_teardowns_usage_and_the_tasks_spans_as_json_and_png(
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer, tmp_path: Path) -> None:
+    """The report teardown reads the run's XComs and task states through the real task SDK and writes both files
+    under ``<report_uri>/<dag_id>/<run_id>``; the DAG run's state stays its work tasks'."""
+    source = REPORT.replace("PRICES", "chip_hour_prices={'v6e': {'spot': 1.5}}").replace(
+        "REPORT_DIR", repr(str(tmp_path / "reports")))
+    with KubeRayReactor(kube, delay=1.0, stagger=0.05):
+        outcome = run_dag(airflow_home, source, "run_report")
+    assert {task: o.state for task, o in outcome.items()} == {
+        "create_cluster": "success", "wait_ready": "success", "delete_cluster": "success", "run_report": "success"}
+    (usage,) = outcome["delete_cluster"].xcoms["tpu_usage"]
+    (folder,) = (tmp_path / "reports" / "run_report").iterdir()
+    report = json.loads((folder / "run_report.json").read_text())
+    assert report == outcome["run_report"].result
+    assert outcome["run_report"].links == {"Run report": None}  # a local folder: no console page to open
+    assert report["clusters"] == [usage] and usage["slices"] == [{"index": 0, "made_again_at": None},
+                                                                 {"index": 1, "made_again_at": None}]
+    assert report["totals"]["chip_hours"] == usage["chip_hours"]
+    assert report["totals"]["estimated_cost_total"] == pytest.approx(usage["estimated_cost"]["spot"], abs=1e-4)
+    tasks = {t["task_id"]: t for t in report["tasks"]}
+    assert sorted(tasks) == ["create_cluster", "delete_cluster", "wait_ready"]
+    spans = [(datetime.fromisoformat(tasks[t]["start"]), datetime.fromisoformat(tasks[t]["end"]))
+             for t in ("create_cluster", "wait_ready", "delete_cluster")]
+    assert all(start <= end for start, end in spans) and spans[0][1] <= spans[1][1] <= spans[2][1]
+    assert datetime.fromisoformat(usage["ready_at"]) <= spans[1][1]  # the sensor saw the cluster ready
+    png = (folder / "run_report.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+
+
 EXPIRED = '''
 from datetime import datetime
 from airflow.sdk import DAG

@@ -19,6 +19,7 @@ SPOT_SLICES = TpuSlice("v6e", "4x4", num_slices=2, capacity="spot")
 
 def cluster(tpu: TpuSlice, ready: datetime | None = READY) -> dict:
     made = build_ray_cluster(name="nightly", namespace="ml", tpu=tpu)
+    made["metadata"]["creationTimestamp"] = "2026-12-04T01:50:00Z"
     made["status"] = {"state": "ready", "stateTransitionTimes": {"ready": ready.strftime("%Y-%m-%dT%H:%M:%SZ")}} \
         if ready else {}
     return made
@@ -31,14 +32,16 @@ def host(replica: str, created: datetime) -> dict:
 
 def test_chip_hours_are_the_chips_times_ready_to_gone_under_the_clusters_capacity() -> None:
     before, after = READY - timedelta(minutes=5), READY + timedelta(minutes=40)
-    pods = [host("0", before), host("0", before), host("1", after), host("1", after)]  # slice 1 made again
+    # slice 1 made again: its hosts came back a few seconds apart, the first one counts
+    pods = [host("0", before), host("0", before), host("1", after + timedelta(seconds=3)), host("1", after)]
     usage = tpu_usage(cluster(SPOT_SLICES), pods, SPOT_SLICES, READY + timedelta(hours=1, minutes=30),
                       check_prices({"v6e": {"spot": 1.25, "on-demand": 3}}))
     assert usage == {
         "cluster_name": "nightly", "namespace": "ml", "accelerator": "v6e", "topology": "4x4", "num_slices": 2,
-        "chips": 32, "capacity": "spot", "ready_at": "2026-12-04T02:00:00+00:00",
+        "chips": 32, "capacity": "spot", "created_at": "2026-12-04T01:50:00+00:00", "ready_at": "2026-12-04T02:00:00+00:00",
         "gone_at": "2026-12-04T03:30:00+00:00", "hours": 1.5, "chip_hours": {"spot": 48.0},
         "slices_recreated": 1, "estimated_cost": {"spot": 60.0},
+        "slices": [{"index": 0, "made_again_at": None}, {"index": 1, "made_again_at": "2026-12-04T02:40:00+00:00"}],
     }
     assert describe_usage(usage) == ("RayCluster ml/nightly used 48 chip-hours of spot (32 chips for 90.0 min from "
                                       "ready to gone), 1 slice(s) made again meanwhile; estimated cost 60")

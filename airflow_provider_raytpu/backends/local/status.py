@@ -54,9 +54,12 @@ def _pod(name: str, namespace: str, labels: dict[str, str], host: Mapping[str, A
         ]
     annotations = {k: str(host[k]) for k in ("pid", "node_id", "log") if host.get(k) is not None}
     resources = {"limits": {TPU_RESOURCE: str(chips)}} if chips else {}
+    metadata = {"name": name, "namespace": namespace, "labels": labels,
+                "annotations": {f"raytpu.dev/{k}": v for k, v in annotations.items()}}
+    if host.get("started_at"):  # a host started again is a pod made again, as KubeRay makes a preempted one
+        metadata["creationTimestamp"] = host["started_at"]
     return {
-        "metadata": {"name": name, "namespace": namespace, "labels": labels,
-                     "annotations": {f"raytpu.dev/{k}": v for k, v in annotations.items()}},
+        "metadata": metadata,
         # Every host of a local cluster is placed on this machine, as a scheduled pod is on its node.
         "spec": {"nodeName": LOCAL_NODE, "containers": [{"name": container, "resources": resources}]},
         "status": status,

@@ -1,0 +1,46 @@
+"""Where a run report is written: a ``gs://`` prefix through the Google provider's GCS hook, or a local directory."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from airflow_provider_raytpu.errors import FatalError, InvalidInputError
+
+GCS_PREFIX = "gs://"
+#: The report's files: name -> MIME type.
+MIME_TYPES = {".json": "application/json", ".png": "image/png"}
+
+
+def check_report_uri(value: str, field: str = "report_uri") -> str:
+    """``value`` when it is ``gs://bucket[/prefix]`` or an absolute local directory; else an error naming the field."""
+    if isinstance(value, str) and ((value.startswith(GCS_PREFIX) and value[len(GCS_PREFIX):].strip("/"))
+                                   or os.path.isabs(value)):
+        return value.rstrip("/")
+    raise InvalidInputError(field, value, "is not a place for reports",
+                            "Give gs://bucket/prefix (e.g. next to the checkpoints) or an absolute local directory")
+
+
+def write_report_files(directory: str, files: Mapping[str, bytes], gcp_conn_id: str) -> list[str]:
+    """Write each file into ``directory`` (replacing an earlier try's) and return their URIs.
+
+    :param directory: ``gs://bucket/prefix`` or an absolute local directory, made if missing.
+    :param files: file name -> contents.
+    :param gcp_conn_id: the Google Cloud connection for ``gs://`` (anonymous for a GCS emulator).
+    """
+    if not directory.startswith(GCS_PREFIX):
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            Path(directory, name).write_bytes(data)
+        return [str(Path(directory, name)) for name in files]
+    try:
+        from airflow.providers.google.cloud.hooks.gcs import GCSHook
+    except ImportError as exc:
+        raise FatalError(f"writing a report to {directory} needs the Google provider: "
+                         "pip install 'airflow-provider-raytpu[gke]'") from exc
+    bucket, _, prefix = directory[len(GCS_PREFIX):].partition("/")
+    hook = GCSHook(gcp_conn_id=gcp_conn_id)
+    for name, data in files.items():
+        hook.upload(bucket, f"{prefix}/{name}".lstrip("/"), data=data, mime_type=MIME_TYPES.get(Path(name).suffix))
+    return [f"{directory}/{name}" for name in files]
