@@ -13,7 +13,7 @@ from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 from airflow_provider_raytpu.hooks.report_store import check_report_uri, write_report_files
-from airflow_provider_raytpu.operators.base import TeardownWhateverHappenedMixin, fail_fast, is_templated
+from airflow_provider_raytpu.operators.base import TeardownWhateverHappenedMixin, check_literal, fail_fast
 from airflow_provider_raytpu.operators.links import RunReportLink, push_link, storage_console_url
 from airflow_provider_raytpu.status.run_report import TASK_SPAN_XCOM_KEY, build_report, report_table
 from airflow_provider_raytpu.status.usage import USAGE_XCOM_KEY
@@ -64,8 +64,8 @@ class RunReportOperator(TeardownWhateverHappenedMixin, BaseOperator):
     def __init__(self, *, report_uri: str | None = None, raytpu_conn_id: str | None = None, draw: bool = True,
                  trigger_rule: str = TriggerRule.ALL_DONE, **kwargs: Any) -> None:
         super().__init__(trigger_rule=trigger_rule, **kwargs)
-        if report_uri is not None and not is_templated(report_uri):
-            check_report_uri(report_uri)
+        if report_uri is not None:
+            check_literal(report_uri, check_report_uri)
         self.report_uri = report_uri
         self.raytpu_conn_id = raytpu_conn_id
         self.draw = draw

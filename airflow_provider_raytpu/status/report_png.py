@@ -33,10 +33,7 @@ def render_timeline(report: Mapping[str, Any]) -> bytes:
     :param report: :func:`~airflow_provider_raytpu.status.run_report.build_report`.
     :raises ImportError: matplotlib is not installed (``pip install 'airflow-provider-raytpu[report]'``).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: draw into memory
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # drawn without pyplot: no backend is chosen for the whole process
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 

@@ -126,7 +126,7 @@ def timeline_rows(report: Mapping[str, Any]) -> list[TimelineRow]:
     for usage in report["clusters"]:
         created, gone = usage.get("created_at"), parse_time(usage["gone_at"])
         ready = parse_time(usage["ready_at"]) if usage.get("ready_at") else None
-        kind = usage["chip_hours"] and next(iter(usage["chip_hours"]))
+        (kind,) = usage["chip_hours"]  # a cluster has one capacity kind
         for entry in usage.get("slices") or [{"index": i, "made_again_at": None} for i in range(usage["num_slices"])]:
             row = TimelineRow(f"{usage['cluster_name']} slice {entry['index']}")
             if created:
