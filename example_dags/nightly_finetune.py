@@ -3,7 +3,8 @@
 create cluster -> wait until every host of every slice is ready -> preprocess (Ray Data)
 -> fine-tune (JaxTrainer, orbax checkpoints in GCS, resumes after a retry or a lost host)
 -> promote the RayService to the new checkpoint -> wait until it serves it, with a smoke
-request -> the training cluster is deleted as a teardown, whatever happened.
+request -> the training cluster is deleted as a teardown, whatever happened -> the run report
+(chip-hours, cost, preemptions, throughput and a PNG timeline) is written next to the checkpoints.
 
 Runs unchanged on the local backend (``make demo``) and, by connection only, on GKE.
 Trigger it from the UI to choose the slice; the params arrive as strings and are parsed
@@ -24,6 +25,7 @@ from airflow_provider_raytpu.operators.jax_trainer import JaxTrainerOperator
 from airflow_provider_raytpu.operators.ray_data import RayDataOperator
 from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator, DeleteRayClusterOperator
 from airflow_provider_raytpu.operators.rayservice import DeployRayServiceOperator
+from airflow_provider_raytpu.operators.run_report import RunReportOperator
 from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
 from airflow_provider_raytpu.sensors.rayservice import RayServiceRunningSensor
 
@@ -108,5 +110,8 @@ with DAG(
         poke_interval=2,
         smoke_request={"path": "/", "method": "POST", "json": {"inputs": [[0.5, -0.2, 0.1, 0.3, 0.0, 0.2, -0.1, 0.4]]}},
     )
+    # Last, and a teardown too: it runs whatever happened and leaves the run's state to the tasks above.
+    report = RunReportOperator(task_id="run_report", report_uri="{{ params.storage }}/reports")
     create >> ready >> preprocess >> train >> delete.as_teardown(setups=[create, ready])
     train >> promote >> serving
+    [delete, serving] >> report.as_teardown()

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.hooks.run_files import read_files
 from airflow_provider_raytpu.operators.base import (
     check_import_path,
     check_literal,
@@ -20,8 +21,10 @@ from airflow_provider_raytpu.operators.links import CheckpointsLink, ProfileLink
 from airflow_provider_raytpu.operators.ray_data import asset_for
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
 from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice
+from airflow_provider_raytpu.status.run_report import TRAINING_ATTEMPTS_XCOM_KEY
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.values import parse_slice_range
+from airflow_provider_raytpu.workloads.progress import ATTEMPT_PREFIX, ATTEMPTS_SUBDIR, training_progress
 from airflow_provider_raytpu.workloads.steps import profile_window
 
 if TYPE_CHECKING:
@@ -43,6 +46,15 @@ def describe_step_times(step_time: Mapping[str, Any] | None) -> str:
         + (f", waiting for data {waits:.0%} of step time" if waits is not None else "")
         + (f"; first step {_duration(first)} (with compilation)" if first is not None else "")
     )
+
+
+def describe_attempts(progress: Mapping[str, Any]) -> str:
+    """The restarts line of a training task's log: ``1 restart lost 7 steps (reached 17, resumed from 10)``."""
+    if not progress["restarts"]:
+        return f"trained in one attempt, from step {progress['started_at_step']}"
+    each = "; ".join(f"reached {r['reached']}, resumed from {r['resumed_from']}" for r in progress["lost"])
+    restarts = f"{progress['restarts']} restart{'s' if progress['restarts'] > 1 else ''}"
+    return f"{restarts} lost {progress['steps_lost']} steps ({each})"
 
 
 def _duration(seconds: float) -> str:
@@ -85,7 +97,11 @@ class JaxTrainerOperator(SubmitRayJobOperator):
     the loop's :class:`~airflow_provider_raytpu.workloads.steps.StepClock`) and
     ``profile_uri``. The task log ends with the step times; the task page links to the
     run's checkpoints and profile in the Cloud console (for ``gs://`` storage outside an
-    emulator).
+    emulator). What restarts cost (a preempted slice, a failed host, an Airflow retry) goes to
+    its own XCom, ``training_attempts``, and onto the outlet's asset event: ``attempts``,
+    ``restarts``, ``steps_lost`` (the steps each attempt reached beyond the checkpoint the next
+    resumed from) and ``started_at_step``, from the records the loop's ``StepClock`` keeps in
+    ``<checkpoint_uri>/<run name>/attempts`` (read with the connection's ``gcp_conn_id``).
 
     :param cluster: the cluster reference (``create.output``), instead of ``cluster_name``.
     :param cluster_name: the RayCluster's name.
@@ -237,3 +253,24 @@ class JaxTrainerOperator(SubmitRayJobOperator):
                 self.log.warning("No profile was written for steps %s: the run did not reach them, or the train "
                                  "loop does not time its steps with StepClock", tuple(self.profile_steps))
         self.log.info("Step time: %s", describe_step_times(result.get("step_time")))
+        if result.get("run_name"):
+            self.record_attempts(str(result["run_name"]))
+
+    def record_attempts(self, run_name: str) -> None:
+        """Push what the run's restarts cost (``training_attempts``) and put it on the outlets' asset events."""
+        from airflow.sdk import get_current_context
+
+        attempts_uri = f"{self.checkpoint_uri.rstrip('/')}/{run_name}/{ATTEMPTS_SUBDIR}"
+        try:
+            files = read_files(attempts_uri, ATTEMPT_PREFIX, self.jobs.cluster_hook.settings.gcp_conn_id)
+            progress = training_progress(json.loads(data) for data in files.values())
+        except Exception as exc:  # the training succeeded: its task does not fail over a figure
+            self.log.warning("Restarts: not counted, the attempts in %s could not be read: %s", attempts_uri, exc)
+            return
+        if progress is None:
+            return  # the loop has no StepClock: nothing was recorded
+        self.log.info("Restarts: %s", describe_attempts(progress))
+        context = get_current_context()
+        context["ti"].xcom_push(key=TRAINING_ATTEMPTS_XCOM_KEY, value=progress)
+        for outlet in self.outlets:
+            context["outlet_events"][outlet].extra[TRAINING_ATTEMPTS_XCOM_KEY] = progress

@@ -12,10 +12,15 @@ from airflow.sdk import BaseOperator, TriggerRule
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
-from airflow_provider_raytpu.hooks.report_store import check_report_uri, write_report_files
+from airflow_provider_raytpu.hooks.run_files import check_report_uri, write_report_files
 from airflow_provider_raytpu.operators.base import TeardownWhateverHappenedMixin, check_literal, fail_fast
 from airflow_provider_raytpu.operators.links import RunReportLink, push_link, storage_console_url
-from airflow_provider_raytpu.status.run_report import TASK_SPAN_XCOM_KEY, build_report, report_table
+from airflow_provider_raytpu.status.run_report import (
+    TASK_SPAN_XCOM_KEY,
+    TRAINING_ATTEMPTS_XCOM_KEY,
+    build_report,
+    report_table,
+)
 from airflow_provider_raytpu.status.usage import USAGE_XCOM_KEY
 
 if TYPE_CHECKING:
@@ -37,13 +42,16 @@ def records(value: Any) -> list[dict[str, Any]]:
 class RunReportOperator(TeardownWhateverHappenedMixin, BaseOperator):
     """Write this DAG run's report: ``run_report.json`` and a PNG timeline, ``run_report.png``.
 
-    Put it last, as a teardown after the cluster's: ``[delete, last_task] >> report.as_teardown(setups=create)``
-    runs it whatever happened upstream and leaves the DAG run's state to its other tasks. It reads what the run's
+    Put it last, as a teardown after the cluster's: ``[delete, last_task] >> report.as_teardown()`` runs it
+    whatever happened upstream and leaves the DAG run's state to its other tasks (no setups: a Clear of a
+    task after the cluster's teardown must not create the cluster again). It reads what the run's
     tasks recorded: each :class:`~airflow_provider_raytpu.operators.raycluster.DeleteRayClusterOperator`'s
     ``tpu_usage`` (chip-hours by capacity kind from ready to gone, slices made again, the cost estimate),
-    when each provider task ran, each task's state and duration, and the rows/s and steps/s of the run's
-    Ray Data and training jobs. The PNG has one row per slice (bars from create to ready to gone, coloured
-    by capacity kind, a cross where a slice was made again) and one per task, over a table of the figures.
+    each :class:`~airflow_provider_raytpu.operators.jax_trainer.JaxTrainerOperator`'s ``training_attempts``
+    (the training steps restarts lost), when each provider task ran, each task's state and duration, and
+    the rows/s and steps/s of the run's Ray Data and training jobs. The PNG has one row per slice (bars from
+    create to ready to gone, coloured by capacity kind, a cross where a slice was made again) and one per task,
+    over a table of the figures.
     Two runs' reports of the same job compare capacity kinds: total chip-hours, cost and cost per 1000 steps.
 
     The files go to ``<report_uri>/<dag_id>/<run_id>/``, replacing an earlier try's. The task's
@@ -88,17 +96,20 @@ class RunReportOperator(TeardownWhateverHappenedMixin, BaseOperator):
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
         ti = context["ti"]
-        spans, results, usages = {}, {}, []
+        spans, results, attempts, usages = {}, {}, {}, []
         for task_id in self.dag.task_ids:
             if task_id == self.task_id:
                 continue
             if isinstance(span := ti.xcom_pull(task_ids=task_id, key=TASK_SPAN_XCOM_KEY), dict):
                 spans[task_id] = span
+            if isinstance(progress := ti.xcom_pull(task_ids=task_id, key=TRAINING_ATTEMPTS_XCOM_KEY), dict):
+                attempts[task_id] = progress
             usages += records(ti.xcom_pull(task_ids=task_id, key=USAGE_XCOM_KEY))
             results[task_id] = ti.xcom_pull(task_ids=task_id)
         breadcrumbs = RuntimeTaskInstance.get_task_breadcrumbs(ti.dag_id, ti.run_id)
         tasks = [t for t in breadcrumbs if t["task_id"] != self.task_id]
-        return build_report(ti.dag_id, ti.run_id, datetime.now(timezone.utc), tasks, spans, usages, results)
+        return build_report(ti.dag_id, ti.run_id, datetime.now(timezone.utc), tasks, spans, usages, results,
+                            attempts)
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():

@@ -19,20 +19,31 @@ from airflow_provider_raytpu.status.conditions import parse_time
 
 #: The XCom key of a provider task's ``{"start", "end"}`` (ISO 8601), pushed when the task succeeds.
 TASK_SPAN_XCOM_KEY = "raytpu_task_span"
+#: The XCom key of what a training task's restarts cost (``workloads.progress.training_progress``).
+TRAINING_ATTEMPTS_XCOM_KEY = "training_attempts"
 PROVISIONING = "provisioning"
 
 
-def throughput_of(task_id: str, result: Any) -> dict[str, Any] | None:
-    """A job task's throughput from its result: rows/s of a Ray Data job, steps/s of a training job."""
+def throughput_of(task_id: str, result: Any, attempts: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """A job task's throughput from its result: rows/s of a Ray Data job, steps/s of a training job.
+
+    A training job's ``steps`` are those this run advanced, from the step its first attempt started at
+    (``attempts``: its ``training_attempts``) or else the step its job resumed from; the steps restarts
+    lost are added from ``attempts``.
+    """
     if not isinstance(result, Mapping):
         return None
     if result.get("rows_per_second") is not None:
         return {"task_id": task_id, "rows": result.get("rows_in"), "rows_per_second": result["rows_per_second"]}
     steps, seconds = result.get("steps"), result.get("seconds")
     if isinstance(steps, int) and isinstance(seconds, (int, float)) and "checkpoint_uri" in result:
-        trained = steps - (result.get("resumed_from_step") or 0)
-        return {"task_id": task_id, "steps": trained, "resumed_from_step": result.get("resumed_from_step"),
-                "steps_per_second": round(trained / seconds, 3) if seconds > 0 else None}
+        started = attempts["started_at_step"] if attempts else (result.get("resumed_from_step") or 0)
+        trained = steps - started
+        entry = {"task_id": task_id, "steps": trained, "resumed_from_step": started or None,
+                 "steps_per_second": round(trained / seconds, 3) if seconds > 0 else None}
+        if attempts:
+            entry.update(restarts=attempts["restarts"], steps_lost=attempts["steps_lost"])
+        return entry
     return None
 
 
@@ -46,7 +57,7 @@ def _sum_by_kind(records: Iterable[Mapping[str, float]]) -> dict[str, float]:
 
 def build_report(dag_id: str, run_id: str, written_at: datetime, tasks: Iterable[Mapping[str, Any]],
                  spans: Mapping[str, Mapping[str, Any]], usages: Iterable[Mapping[str, Any]],
-                 results: Mapping[str, Any]) -> dict[str, Any]:
+                 results: Mapping[str, Any], attempts: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The report of one DAG run (plain JSON).
 
     :param dag_id: the DAG.
@@ -56,9 +67,12 @@ def build_report(dag_id: str, run_id: str, written_at: datetime, tasks: Iterable
     :param spans: each task's recorded span by task id.
     :param usages: the usage records of the run's teardowns.
     :param results: each task's returned result by task id.
+    :param attempts: each training task's ``training_attempts`` by task id.
     """
     clusters = [dict(usage) for usage in usages]
-    throughput = [t for task_id, result in sorted(results.items()) if (t := throughput_of(task_id, result))]
+    attempts = attempts or {}
+    throughput = [t for task_id, result in sorted(results.items())
+                  if (t := throughput_of(task_id, result, attempts.get(task_id)))]
     cost = _sum_by_kind(u["estimated_cost"] for u in clusters if u.get("estimated_cost"))
     steps = sum(t["steps"] for t in throughput if "steps" in t)
     totals: dict[str, Any] = {
@@ -68,6 +82,9 @@ def build_report(dag_id: str, run_id: str, written_at: datetime, tasks: Iterable
         "steps_trained": steps,
     }
     totals["chip_hours_total"] = round(sum(totals["chip_hours"].values()), 6)
+    if counted := [t for t in throughput if "steps_lost" in t]:
+        totals["restarts"] = sum(t["restarts"] for t in counted)
+        totals["steps_lost"] = sum(t["steps_lost"] for t in counted)
     if cost:
         totals["estimated_cost"] = cost
         totals["estimated_cost_total"] = round(sum(cost.values()), 4)
@@ -96,6 +113,9 @@ def report_table(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     if "estimated_cost_per_1000_steps" in totals:
         rows.append(("estimated cost per 1000 steps", f"{totals['estimated_cost_per_1000_steps']:.4g}"))
     rows.append(("slices made again (preemptions)", str(totals["preemptions"])))
+    if "steps_lost" in totals:
+        restarts = f"{totals['restarts']} restart{'' if totals['restarts'] == 1 else 's'}"
+        rows.append(("training steps lost to restarts", f"{totals['steps_lost']} ({restarts})"))
     for t in report["throughput"]:
         if "rows_per_second" in t:
             rows.append((f"{t['task_id']}: rows/s", f"{t['rows_per_second']:.4g} ({t['rows']} rows)"))

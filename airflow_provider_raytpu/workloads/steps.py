@@ -20,7 +20,10 @@ storage in TensorBoard's profile layout: ``<run>/profile/plugins/profile/steps-<
 worker-<rank>.xplane.pb``, one file per worker, so TensorBoard (``--logdir <run>/profile``)
 shows every host of the step window side by side. At :meth:`StepClock.close` each worker
 writes a summary of its step times to ``<run>/steps/worker-<rank>.json``; the training job
-reads them into its result (``step_time``) and the task log's last line.
+reads them into its result (``step_time``) and the task log's last line. Rank 0's clock also
+records how far this attempt of the run got in ``<run>/attempts/``
+(:mod:`~airflow_provider_raytpu.workloads.progress`): the training task counts the steps a
+restart lost from those records.
 
 The first step a worker times is left out of the median and p95 (it includes JAX's
 compilation) and reported on its own.
@@ -44,6 +47,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.workloads.progress import ATTEMPTS_SUBDIR, AttemptProgress
 
 PROFILE_SUBDIR = "profile"
 STEPS_SUBDIR = "steps"
@@ -88,10 +92,12 @@ class StepClock:
     :param rank: this worker's rank; default: Ray Train's world rank, or 0 outside Ray Train.
     :param steps_uri: where :meth:`close` writes this worker's summary; default: the run's
         ``steps`` directory inside Ray Train, nowhere outside it.
+    :param attempts_uri: where rank 0 records how far this attempt got; default: the run's
+        ``attempts`` directory inside Ray Train, nowhere outside it.
     """
 
     def __init__(self, config: Mapping[str, Any] | None = None, *, rank: int | None = None,
-                 steps_uri: str | None = None) -> None:
+                 steps_uri: str | None = None, attempts_uri: str | None = None) -> None:
         config = config or {}
         self.window = profile_window(config.get("profile_steps"))
         self.profile_uri: str | None = config.get("profile_uri")
@@ -103,9 +109,11 @@ class StepClock:
 
             rank = ray.train.get_context().get_world_rank() if in_ray_train else 0
         self.rank = rank
-        if steps_uri is None and in_ray_train:
-            steps_uri = f"{run_uri()}/{STEPS_SUBDIR}"
+        if in_ray_train:
+            steps_uri = steps_uri or f"{run_uri()}/{STEPS_SUBDIR}"
+            attempts_uri = attempts_uri or f"{run_uri()}/{ATTEMPTS_SUBDIR}"
         self.steps_uri = steps_uri
+        self.progress = AttemptProgress(attempts_uri) if attempts_uri and rank == 0 else None
         self.first_step_s: float | None = None
         self._durations = array("d")
         self._waits = array("d")
@@ -133,6 +141,8 @@ class StepClock:
         else:
             self._durations.append(took)
             self._waits.append(min(self._data_wait, took))
+        if self.progress is not None:
+            self.progress.stepped(number)
         if self.window is not None and number + 1 >= self.window[1]:
             self._stop_trace()
 
@@ -160,8 +170,10 @@ class StepClock:
         }
 
     def close(self) -> None:
-        """Stop a trace still running, and write this worker's summary to the run's storage."""
+        """Stop a trace still running, and write this worker's summary (and rank 0 its attempt's progress)."""
         self._stop_trace()
+        if self.progress is not None:
+            self.progress.close()
         if self.steps_uri:
             from airflow_provider_raytpu.workloads.storage import resolve, write_file
 

@@ -81,6 +81,9 @@ class FakeGcsServer:
             "TENSORSTORE_GCS_HTTP_URL": self.url,
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
             "GOOGLE_CLOUD_PROJECT": PROJECT,
+            # The Google provider's default connection (GCSHook), anonymous: the emulator takes no credentials.
+            "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": json.dumps(
+                {"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True, "project": PROJECT}}),
         }
 
     def start(self) -> None:
@@ -150,6 +153,12 @@ class FakeGcsServer:
             token = page.get("nextPageToken", "")
             if not token:
                 return names
+
+    def read_object(self, bucket: str, name: str) -> bytes:
+        """The content of one object."""
+        quoted = urllib.parse.quote(name, safe="")
+        with urllib.request.urlopen(f"{self.url}/storage/v1/b/{bucket}/o/{quoted}?alt=media", timeout=30) as response:
+            return response.read()
 
     def __enter__(self) -> FakeGcsServer:
         self.start()

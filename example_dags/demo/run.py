@@ -4,7 +4,8 @@ It starts a fake GCS (fake-gcs-server), writes the raw dataset there, points a `
 ``raytpu`` connection at a private state directory through the environment, runs the DAG
 with ``airflow dags test`` on a v4 2x2x2 slice (2 emulated hosts: a real multi-host slice),
 prints a summary, and stops everything it started: the served model, every local Ray
-cluster and the fake GCS. The per-task wall times also go to ``benchmarks/results/demo.json``.
+cluster and the fake GCS. The per-task wall times also go to ``benchmarks/results/demo.json``,
+and the run report the DAG wrote to the fake GCS (JSON and PNG timeline) to ``benchmarks/results/``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ CONF = {
     "total_steps": 30,
 }
 RESULTS = REPO / "benchmarks" / "results" / "demo.json"
+REPORT = "report"  # the run report's files, copied out of the fake GCS into the demo's home
 
 
 def environment(home: Path, gcs_env: dict[str, str]) -> dict[str, str]:
@@ -95,6 +97,15 @@ def stop_local_ray(env: dict[str, str]) -> None:
                    stderr=subprocess.DEVNULL)
 
 
+def copy_report(gcs: Any, to: Path) -> list[str]:
+    """Copy the run's report files (``run_report.json`` and ``.png``) out of the fake GCS; returns their URIs."""
+    names = [n for n in gcs.list_objects(BUCKET, "reports/") if n.rsplit("/", 1)[-1].startswith("run_report.")]
+    to.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (to / name.rsplit("/", 1)[-1]).write_bytes(gcs.read_object(BUCKET, name))
+    return [f"gs://{BUCKET}/{name}" for name in names]
+
+
 def summary(outcomes: dict[str, dict[str, Any]], total: float) -> str:
     create, prep, train = outcomes["create_cluster"], outcomes["preprocess"], outcomes["train"]
     tpu = create["result"]["tpu"]
@@ -117,6 +128,12 @@ def summary(outcomes: dict[str, dict[str, Any]], total: float) -> str:
         seconds = f"{outcome['seconds']:.1f} s" if outcome["seconds"] is not None else "-"
         lines.append(f"    {task:<20} {outcome['state']:<8} {seconds}")
     lines.append(f"  total           {total:.0f} s")
+    report = outcomes["run_report"]["result"]
+    if report:
+        from airflow_provider_raytpu.status.run_report import report_table
+
+        lines.append("  run report:")
+        lines += [f"    {label:<34} {value}" for label, value in report_table(report)]
     return "\n".join(lines)
 
 
@@ -147,6 +164,8 @@ def run(home: Path) -> tuple[dict[str, dict[str, Any]], float]:
             airflow(env, "dags", "test", DAG_ID, "--conf", json.dumps(CONF), log=home / "dag.log")
             total = time.monotonic() - run_started
             outcomes = task_outcomes(env)
+            for uri in copy_report(gcs, home / REPORT):
+                print(f"run report at {uri}", flush=True)
         finally:
             stop_local_ray(env)
             os.environ.clear()
@@ -165,6 +184,9 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"tasks": {t: o["seconds"] for t, o in outcomes.items()},
                                    "total_seconds": total, "wall_seconds": time.monotonic() - started}, indent=2))
+    for report in sorted((home / REPORT).iterdir()):
+        shutil.copy(report, RESULTS.parent / f"demo_{report.name}")
+        print(f"  {report.name:<16} copied to {RESULTS.parent / f'demo_{report.name}'}")
     shutil.rmtree(home, ignore_errors=True)
 
 

@@ -98,6 +98,14 @@ def namespace(cp: ControlPlane) -> Iterator[str]:
         yield ns
 
 
+def reports_in(gcs: FakeGcsServer) -> int:
+    """How many runs of nightly_finetune wrote both report files next to the checkpoints."""
+    names = gcs.list_objects(BUCKET, "reports/nightly_finetune/")
+    folders = {n.rsplit("/", 1)[0] for n in names}
+    assert {f"{folder}/run_report.{ext}" for folder in folders for ext in ("json", "png")} == set(names), names
+    return len(folders)
+
+
 # -- 1. nightly_embeddings ----------------------------------------------------------------------
 
 
@@ -138,6 +146,9 @@ def test_nightly_finetune_trains_checkpoints_and_serves_it(
     assert serving["smoke"]["status"] == 200 and serving["smoke"]["json"]["version"] == train["checkpoint_uri"]
     cluster = first_run["create_cluster"].result["cluster_name"]
     assert len(ran_for_real(cp, namespace, cluster)) == 3
+    totals = first_run["run_report"].result["totals"]
+    assert (totals["clusters"], totals["preemptions"], totals["steps_trained"], totals["steps_lost"]) == (1, 0, 30, 0)
+    assert reports_in(gcs) == 1
     wait_for(lambda: not cluster_pods(cp, namespace, cluster), 120, f"no pod of {cluster} left")
 
 
@@ -202,6 +213,19 @@ def test_preempted_host_resumes_and_promotion_to_v2_fails_no_request(
     assert set(requests.versions[switched:]) == {v2}, "once v2 answers, v1 never answers again"
     cluster = second["create_cluster"].result["cluster_name"]
     wait_for(lambda: not cluster_pods(cp, namespace, cluster), 120, f"no pod of {cluster} left")
+    # The training task counted its restart (the job's result is unchanged); the run report counts the slice
+    # KubeRay made again, the 30 steps this run advanced and the steps the restart lost.
+    attempts = second["train"].xcoms["training_attempts"]
+    assert (attempts["attempts"], attempts["restarts"], attempts["started_at_step"]) == (2, 1, 0)
+    (restart,) = attempts["lost"]
+    assert restart["resumed_from"] == train["resumed_from_step"] and restart["reached"] >= restart["resumed_from"]
+    assert attempts["steps_lost"] == restart["reached"] - restart["resumed_from"]
+    report = second["run_report"].result
+    assert report["clusters"] == second["delete_cluster"].xcoms["tpu_usage"]
+    assert report["totals"]["preemptions"] == 1 and report["clusters"][0]["slices"][0]["made_again_at"]
+    assert (report["totals"]["steps_trained"], report["totals"]["restarts"]) == (30, 1)
+    assert report["totals"]["steps_lost"] == attempts["steps_lost"]
+    assert reports_in(gcs) == 2
 
 
 # -- 4. the end ----------------------------------------------------------------------------------

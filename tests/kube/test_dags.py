@@ -204,7 +204,7 @@ REPORT = USAGE.replace("from airflow.sdk import DAG, Asset", "from airflow.sdk i
     "    create >> ready >> delete.as_teardown(setups=create)",
     "    report = RunReportOperator(task_id='run_report', report_uri=REPORT_DIR)\n"
     "    create >> ready >> delete.as_teardown(setups=create)\n"
-    "    delete >> report.as_teardown(setups=create)").replace('DAG("usage"', 'DAG("run_report"')
+    "    delete >> report.as_teardown()").replace('DAG("usage"', 'DAG("run_report"')
 
 
 def test_a_run_report_has_the_teardowns_usage_and_the_tasks_spans_as_json_and_png(

@@ -95,6 +95,7 @@ def reference(request: pytest.FixtureRequest, airflow_home: Path, emulated_clust
                                                      fake_gcs.uri("ckpt-ok"), profile=(10, 12)), "pipeline_ok")
     assert {t: o.state for t, o in outcome.items()} == {"preprocess": "success", "train": "success"}
     return {**{task: o.result for task, o in outcome.items()}, "logs": logs,
+            "attempts": outcome["train"].xcoms.get("training_attempts"),
             "links": {task: o.links for task, o in outcome.items()}, "tasks": task_instances(outcome)}
 
 
@@ -105,6 +106,17 @@ def test_preprocess_then_train(reference: dict, fake_gcs: GcsStorage) -> None:
     assert train["steps"] == 30 and train["resumed_from_step"] is None
     assert train["metrics"]["eval_rows"] == 600
     assert train["checkpoint_uri"].startswith(f"gs://{fake_gcs.bucket}/ckpt-ok/") and train["checkpoint_uri"].endswith("/30")
+    # What restarts cost, in its own XCom and on the checkpoints' asset event (the job's result is unchanged): none.
+    assert reference["attempts"] == {"attempts": 1, "restarts": 0, "steps_lost": 0, "started_at_step": 0, "lost": []}
+    from sqlalchemy import select
+
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        extra = session.execute(select(AssetEvent.extra).where(AssetEvent.source_dag_id == "pipeline_ok",
+                                                               AssetEvent.source_task_id == "train")).one()[0]
+    assert extra["training_attempts"] == reference["attempts"]
 
 
 def test_task_logs_read_cleanly(reference: dict) -> None:
@@ -123,9 +135,10 @@ def test_task_logs_read_cleanly(reference: dict) -> None:
     assert not [line for line in train.ray_job_lines() if "Reporting training result" in line], \
         "Ray Train's per-worker report records stay in its worker log file"
     ours = [line.message for line in train.provider_lines()]
-    assert ours[-3].startswith("Ray job raytpu-") and " SUCCEEDED after " in ours[-3] and "; returned {" in ours[-3]
-    assert ours[-2].startswith("Profile of steps (10, 12): gs://")
-    assert ours[-1].startswith("Step time: median ") and "over 30 steps on 2 workers" in ours[-1]
+    assert ours[-4].startswith("Ray job raytpu-") and " SUCCEEDED after " in ours[-4] and "; returned {" in ours[-4]
+    assert ours[-3].startswith("Profile of steps (10, 12): gs://")
+    assert ours[-2].startswith("Step time: median ") and "over 30 steps on 2 workers" in ours[-2]
+    assert ours[-1] == "Restarts: trained in one attempt, from step 0"
     prep = [line.message for line in by_task["preprocess"].provider_lines()]
     assert " SUCCEEDED after " in prep[-1] and '"rows_out": 600' in prep[-1]
 
@@ -173,7 +186,8 @@ def run_with_fault(airflow_home: Path, dag_id: str, raw: str, fake_gcs: GcsStora
                       dag_id)
     thread.join(5)
     assert outcome["train"].state == "success", outcome
-    return {"result": outcome["train"].result, "try_number": outcome["train"].try_number}, seen["step"]
+    return {"result": outcome["train"].result, "try_number": outcome["train"].try_number,
+            "attempts": outcome["train"].xcoms.get("training_attempts")}, seen["step"]
 
 
 def test_dead_job_is_resubmitted_by_the_retry_and_resumes(airflow_home: Path, emulated_cluster: EmulatedCluster,
@@ -194,6 +208,11 @@ def test_dead_job_is_resubmitted_by_the_retry_and_resumes(airflow_home: Path, em
     assert run["try_number"] == 2
     assert result["resumed_from_step"] >= checkpointed >= 10
     assert result["steps"] == 30
+    # The retry's job resumed the run: one restart, which lost the steps the dead job did after its checkpoint.
+    attempts = run["attempts"]
+    assert (attempts["attempts"], attempts["restarts"], attempts["started_at_step"]) == (2, 1, 0)
+    assert attempts["lost"][0]["resumed_from"] == result["resumed_from_step"]
+    assert attempts["steps_lost"] == max(0, attempts["lost"][0]["reached"] - result["resumed_from_step"])
     assert abs(result["metrics"]["loss"] - reference["train"]["metrics"]["loss"]) <= 1e-6
 
 

@@ -49,3 +49,20 @@ def test_finetune_tears_down_the_training_cluster_after_training() -> None:
     delete = dag.get_task("delete_cluster")
     assert {t.task_id for t in delete.upstream_list} == {"train", "create_cluster", "wait_cluster_ready"}
     assert [t.task_id for t in dag.get_task("promote_model").downstream_list] == ["wait_serving"]
+
+
+def test_finetune_reports_last_without_making_a_cluster_to_report() -> None:
+    """The run report comes after everything, as a teardown (the run's state stays with its work); it has no
+    setup, so a Clear of the promotion (the UI's default: with downstream) re-promotes and re-reports without
+    creating a training cluster, while a Clear of training makes one again and reports that."""
+    dag = DagBag(dag_folder=str(EXAMPLES / "nightly_finetune.py")).dags["nightly_finetune"]
+    report = dag.get_task("run_report")
+    assert report.is_teardown and report.trigger_rule == "all_done"
+    assert {t.task_id for t in report.upstream_list} == {"delete_cluster", "wait_serving"}
+
+    def cleared(task_id: str) -> set[str]:
+        return set(dag.partial_subset(task_ids=[task_id], include_downstream=True, include_upstream=False).task_ids)
+
+    assert cleared("promote_model") == {"promote_model", "wait_serving", "run_report"}
+    assert cleared("train") == {"create_cluster", "wait_cluster_ready", "train", "delete_cluster", "promote_model",
+                                "wait_serving", "run_report"}

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.hooks.report_store import check_report_uri, write_report_files
+from airflow_provider_raytpu.hooks.run_files import check_report_uri, write_report_files
 from airflow_provider_raytpu.operators.run_report import RunReportOperator, records
 from airflow_provider_raytpu.status.report_png import render_timeline
 from airflow_provider_raytpu.status.run_report import PROVISIONING, build_report, report_table, timeline_rows

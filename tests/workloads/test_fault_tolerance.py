@@ -2,7 +2,9 @@
 
 Every scenario is checked against one uninterrupted run with the same seed: the final
 parameters must match within 1e-6, and the work lost - steps done before the fault
-minus the step training resumed from - must be at most one checkpoint interval.
+minus the step training resumed from - must be at most one checkpoint interval. The
+attempts' records in storage count exactly those lost steps (the training task's
+``training_attempts``).
 Batches derive from (seed, step), so a resumed run recomputes exactly the same steps.
 
 The fault is injected at a known step: the loop pauses once there (see
@@ -27,6 +29,7 @@ import numpy as np
 import pytest
 
 from airflow_provider_raytpu.workloads import storage
+from airflow_provider_raytpu.workloads.progress import ATTEMPT_PREFIX, ATTEMPTS_SUBDIR, training_progress
 from airflow_provider_raytpu.workloads.result import last_result
 from tests.gcs import GcsStorage, wait_for
 from tests.workloads.conftest import REPO, SLICE, driver_env
@@ -99,6 +102,19 @@ def start_driver(
 
 def orbax_uri(runs_uri: str, run_name: str) -> str:
     return f"{runs_uri}/{run_name}/orbax"
+
+
+def attempts_reached(runs_uri: str, run_name: str) -> list[tuple[int, int]]:
+    """``(first step, steps reached)`` of each attempt of the run, oldest first, as the training task reads them."""
+    records = sorted(attempts(runs_uri, run_name), key=lambda r: r["started_at"])
+    return [(r["first_step"], r["reached"]) for r in records]
+
+
+def attempts(runs_uri: str, run_name: str) -> list[dict[str, Any]]:
+    from airflow_provider_raytpu.hooks.run_files import read_files
+
+    files = read_files(f"{runs_uri}/{run_name}/{ATTEMPTS_SUBDIR}", ATTEMPT_PREFIX, "google_cloud_default")
+    return [json.loads(data) for data in files.values()]
 
 
 def committed(runs_uri: str, run_name: str, step: int) -> bool:
@@ -189,6 +205,8 @@ def test_a_tpu_host_dies_and_ray_train_resumes_on_the_replacement(
     driver = start_driver(whole_slice, runs_uri, run, tmp_path, pause_at=pause_at, max_failures=2, name=run)
     wait_until_paused(driver, tmp_path, pause_at)
     assert wait_for(lambda: committed(runs_uri, run, 10), timeout=60), "checkpoint 10 never committed"
+    # The paused loop's progress reaches storage within PROGRESS_EVERY_S (a background write).
+    assert wait_for(lambda: attempts_reached(runs_uri, run) == [(0, pause_at)], timeout=30), attempts(runs_uri, run)
 
     whole_slice.kill_host(1)  # the VM behind TPU host 1 is gone
     whole_slice.add_host(1)  # KubeRay recreates the host with the same slice labels
@@ -198,6 +216,9 @@ def test_a_tpu_host_dies_and_ray_train_resumes_on_the_replacement(
     assert result["steps"] == TOTAL_STEPS
     assert result["resumed_from_step"] == 10  # the worker group restarted inside the same job
     assert pause_at - result["resumed_from_step"] <= EVERY
+    assert training_progress(attempts(runs_uri, run)) == {
+        "attempts": 2, "restarts": 1, "steps_lost": 3, "started_at_step": 0,
+        "lost": [{"reached": pause_at, "resumed_from": 10, "steps_lost": 3}]}
     worst = assert_same_state(final_state(result["checkpoint_uri"]), reference["state"])
     assert result["metrics"]["holdout_loss"] == pytest.approx(reference["result"]["metrics"]["holdout_loss"], abs=TOLERANCE)
     record(record_property, "a: TPU host dies mid-training", started, pause_at, result, worst, reference["seconds"])
@@ -258,6 +279,7 @@ def crashed_runs(
     # Ray writes its record first and deletes the pruned step's files after.
     assert wait_for(lambda: orbax_steps(fake_gcs, runs_uri, run) == [10, 15, 20, 25], timeout=60), \
         orbax_steps(fake_gcs, runs_uri, run)
+    assert wait_for(lambda: attempts_reached(runs_uri, run) == [(0, CRASH_AT)], timeout=30), attempts(runs_uri, run)
     driver.kill()
     assert last_result(driver.stdout_path.read_text()) is None
     for scenario in ("driver-dies", "partial-step"):
@@ -276,6 +298,9 @@ def test_b_the_driver_dies_and_a_rerun_resumes_from_gcs(
     assert result["steps"] == TOTAL_STEPS
     assert result["resumed_from_step"] == 25  # orbax's newest committed step in GCS, ahead of Ray's record
     assert CRASH_AT - result["resumed_from_step"] <= EVERY
+    # The crashed job's attempt and the re-run's: the re-run (an Airflow retry's job) lost the steps after 25.
+    assert attempts_reached(runs_uri, run) == [(0, CRASH_AT), (25, TOTAL_STEPS)]
+    assert training_progress(attempts(runs_uri, run))["steps_lost"] == CRASH_AT - 25
     worst = assert_same_state(final_state(result["checkpoint_uri"]), reference["state"])
     # The resumed step was registered late, so Ray's retention covers it: nothing leaks.
     assert orbax_steps(fake_gcs, runs_uri, run) == [20, 25, 30]

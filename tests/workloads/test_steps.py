@@ -1,4 +1,5 @@
-"""StepClock outside Ray Train: step times, and a JAX profiler trace copied to GCS in TensorBoard's layout.
+"""StepClock outside Ray Train: step times, a JAX profiler trace copied to GCS in TensorBoard's layout, and the
+records of how far each attempt of a run got.
 
 No Ray: a jitted step on the CPU and the fake GCS. (Inside Ray Train, tests/local/test_training.py
 profiles a real two-worker run.)
@@ -10,8 +11,9 @@ import json
 
 import pytest
 
+from airflow_provider_raytpu.workloads.progress import ATTEMPT_PREFIX, training_progress
 from airflow_provider_raytpu.workloads.steps import StepClock, combine_step_times, read_step_times
-from tests.gcs import GcsStorage
+from tests.gcs import GcsStorage, wait_for
 
 
 @pytest.fixture
@@ -55,3 +57,46 @@ def test_no_window_no_trace(run_uri: str, fake_gcs: GcsStorage) -> None:
     clock.close()
     assert clock.summary()["trace_uri"] is None and clock.summary()["median_s"] is None
     assert not fake_gcs.objects(f"{run_uri.split('/', 3)[3]}/profile")
+
+
+def attempt_records(attempts_uri: str) -> list[dict]:
+    """The attempt records in storage, read as the training task reads them (the Google provider's GCS hook)."""
+    from airflow_provider_raytpu.hooks.run_files import read_files
+
+    return [json.loads(data) for data in read_files(attempts_uri, ATTEMPT_PREFIX, "google_cloud_default").values()]
+
+
+def test_rank_0_records_its_attempt_at_the_first_step_while_it_trains_and_at_close(run_uri: str) -> None:
+    attempts_uri = f"{run_uri}/attempts"
+    clock = StepClock({}, rank=0, steps_uri=f"{run_uri}/steps", attempts_uri=attempts_uri)
+    other = StepClock({}, rank=1, steps_uri=f"{run_uri}/steps", attempts_uri=attempts_uri)
+    assert clock.progress is not None and other.progress is None  # the workers step together: rank 0 speaks
+    clock.progress.every_s = 0.2
+    with clock.step(10):  # resumed from the checkpoint at step 10
+        pass
+    (first,) = attempt_records(attempts_uri)
+    assert (first["first_step"], first["reached"]) == (10, 11)
+    for step in range(11, 14):
+        with clock.step(step):
+            pass
+    # The loop now hangs (a host is going away): the background write still records step 14 reached.
+    assert wait_for(lambda: [r["reached"] for r in attempt_records(attempts_uri)] == [14], timeout=10)
+    with clock.step(14):
+        pass
+    clock.close()
+    assert [(r["first_step"], r["reached"]) for r in attempt_records(attempts_uri)] == [(10, 15)]
+    assert not clock.progress._thread.is_alive()
+
+
+def test_a_second_attempt_has_a_record_of_its_own_and_the_restart_lost_the_steps_beyond_its_checkpoint(
+        run_uri: str) -> None:
+    attempts_uri = f"{run_uri}/attempts"
+    for first, end in ((0, 17), (10, 30)):  # a preempted slice at 17, resumed from the checkpoint at 10
+        clock = StepClock({}, rank=0, attempts_uri=attempts_uri)
+        for step in range(first, end):
+            with clock.step(step):
+                pass
+        clock.close()
+    progress = training_progress(attempt_records(attempts_uri))
+    assert (progress["attempts"], progress["steps_lost"], progress["lost"]) == (
+        2, 7, [{"reached": 17, "resumed_from": 10, "steps_lost": 7}])

@@ -1,12 +1,14 @@
-"""A run report written to ``gs://`` goes through the Google provider's GCS hook to a real GCS API (fake-gcs-server)."""
+"""A run's files next to its checkpoints go through the Google provider's GCS hook to a real GCS API (fake-gcs-server):
+the run report written, the training attempts' records read."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from airflow_provider_raytpu.hooks.report_store import write_report_files
+from airflow_provider_raytpu.hooks.run_files import read_files, write_report_files
 from tests.gcs import GcsStorage
 
 
@@ -28,3 +30,17 @@ def test_a_report_goes_to_gcs_through_the_google_providers_hook_replacing_an_ear
         assert json.loads(answer.read()) == {"try": 2}
     with urllib.request.urlopen(url.replace("run_report.json", "run_report.png")) as answer:
         assert json.loads(answer.read())["contentType"] == "image/png"
+
+
+def test_read_files_reads_the_named_files_directly_in_a_gcs_folder_and_a_local_one(
+        fake_gcs: GcsStorage, tmp_path: Path) -> None:
+    from airflow_provider_raytpu.workloads.storage import resolve, write_file
+
+    folder = fake_gcs.uri("runs", "nightly.train-0123456789", "attempts")
+    for name in ("attempt-1.json", "attempt-2.json", "summary.json", "attempt-3/nested.json"):
+        write_file(resolve(f"{folder}/{name}"), name.encode())
+        write_file(resolve(str(tmp_path / name)), name.encode())
+    expected = {"attempt-1.json": b"attempt-1.json", "attempt-2.json": b"attempt-2.json"}
+    assert read_files(folder, "attempt-", "google_cloud_default") == expected
+    assert read_files(f"file://{tmp_path}", "attempt-", "google_cloud_default") == expected
+    assert read_files(fake_gcs.uri("runs", "nothing-here"), "attempt-", "google_cloud_default") == {}
