@@ -43,11 +43,12 @@ class GcsStorage:
 
 @pytest.fixture(scope="session")
 def fake_gcs() -> Iterator[GcsStorage]:
-    """A fake-gcs-server for the session, with its env vars set in ``os.environ`` and a bucket."""
+    """A fake-gcs-server for the session, with its env vars (and Airflow's anonymous Google connection) set in
+    ``os.environ``, and a bucket."""
     server = FakeGcsServer()
     server.start()
-    saved = {key: os.environ.get(key) for key in server.env()}
-    os.environ.update(server.env())
+    saved = {key: os.environ.get(key) for key in server.airflow_env()}
+    os.environ.update(server.airflow_env())
     try:
         server.create_bucket(TEST_BUCKET)
         yield GcsStorage(server=server, bucket=TEST_BUCKET, env=server.env())

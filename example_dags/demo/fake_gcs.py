@@ -81,10 +81,13 @@ class FakeGcsServer:
             "TENSORSTORE_GCS_HTTP_URL": self.url,
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
             "GOOGLE_CLOUD_PROJECT": PROJECT,
-            # The Google provider's default connection (GCSHook), anonymous: the emulator takes no credentials.
-            "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": json.dumps(
-                {"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True, "project": PROJECT}}),
         }
+
+    def airflow_env(self) -> dict[str, str]:
+        """:meth:`env` and, for Airflow's processes, the Google provider's default connection (GCSHook) made
+        anonymous: the emulator takes no credentials."""
+        connection = {"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True, "project": PROJECT}}
+        return {**self.env(), "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": json.dumps(connection)}
 
     def start(self) -> None:
         """Start the process and block until it logs that it is serving (or fail with its output)."""

@@ -151,7 +151,7 @@ def run(home: Path) -> tuple[dict[str, dict[str, Any]], float]:
     environ = dict(os.environ)
     with FakeGcsServer() as gcs:
         gcs.create_bucket(BUCKET)
-        env = environment(home, gcs.env())
+        env = environment(home, gcs.airflow_env())
         os.environ.update(gcs.env())
         try:
             from pipeline.data import write_dataset

@@ -93,7 +93,7 @@ def gcs(networked_control_plane: ControlPlane) -> Iterator[FakeGcsServer]:
     patch = pytest.MonkeyPatch()
     with FakeGcsServer(host=cp.pod_network.gateway) as server:
         server.create_bucket(BUCKET)
-        for key, value in server.env().items():  # this process, and every pod started from now on
+        for key, value in server.airflow_env().items():  # this process, and every pod started from now on
             patch.setenv(key, value)
         sys.path.insert(0, str(EXAMPLES))
         from pipeline.data import write_dataset
