@@ -19,7 +19,7 @@ runs promote the same RayService.
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, Asset, Param
 
 from airflow_provider_raytpu.operators.jax_trainer import JaxTrainerOperator
 from airflow_provider_raytpu.operators.ray_data import RayDataOperator
@@ -31,6 +31,9 @@ from airflow_provider_raytpu.sensors.rayservice import RayServiceRunningSensor
 
 EXAMPLES = Path(__file__).resolve().parent
 SHIP_PIPELINE = {"py_modules": [str(EXAMPLES / "pipeline")]}
+# What a run leaves for other DAGs: after_promotion.py is scheduled on the served model.
+CHECKPOINTS = Asset("finetuned_regressor_checkpoints")
+SERVED_MODEL = Asset("finetuned_regressor")
 
 with DAG(
     "nightly_finetune",
@@ -82,6 +85,7 @@ with DAG(
         max_failures=3,
         runtime_env=SHIP_PIPELINE,
         poll_interval=1,
+        outlets=[CHECKPOINTS],  # its event: checkpoint_uri, checkpoint_step, run_name, training_attempts
     )
     # No XCom needed: it deletes what this run's create task made (also when create failed after applying).
     delete = DeleteRayClusterOperator(task_id="delete_cluster")
@@ -109,6 +113,7 @@ with DAG(
         deploying_timeout=900,
         poke_interval=2,
         smoke_request={"path": "/", "method": "POST", "json": {"inputs": [[0.5, -0.2, 0.1, 0.3, 0.0, 0.2, -0.1, 0.4]]}},
+        outlets=[SERVED_MODEL],  # its event: service, served_version; after_promotion.py is scheduled on it
     )
     # Last, and a teardown too: it runs whatever happened and leaves the run's state to the tasks above.
     report = RunReportOperator(task_id="run_report", report_uri="{{ params.storage }}/reports")

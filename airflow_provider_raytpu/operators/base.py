@@ -101,6 +101,21 @@ def mask_secret_values(values: Mapping[str, Any] | None) -> None:
         mask_secret(dict(values))
 
 
+def mark_outlets(task: Any, extras: Mapping[str, Any]) -> None:
+    """Put ``extras`` (plain JSON) on the asset event of each of the running task's outlets.
+
+    :param task: the running operator or sensor; without ``outlets`` nothing happens.
+    :param extras: what a consumer of the asset reads from ``triggering_asset_events``.
+    """
+    if not task.outlets:
+        return
+    from airflow.sdk import get_current_context
+
+    events = get_current_context()["outlet_events"]
+    for outlet in task.outlets:
+        events[outlet].extra.update(extras)
+
+
 def map_index_of(context: Context) -> int:
     """The task instance's map index; -1 when it is not mapped."""
     map_index = context["ti"].map_index

@@ -15,6 +15,7 @@ from airflow_provider_raytpu.operators.base import (
     check_literal,
     check_not_empty,
     is_templated,
+    mark_outlets,
     mask_secret_values,
 )
 from airflow_provider_raytpu.operators.links import CheckpointsLink, ProfileLink, RayJobLink, push_link, storage_console_url
@@ -97,8 +98,10 @@ class JaxTrainerOperator(SubmitRayJobOperator):
     the loop's :class:`~airflow_provider_raytpu.workloads.steps.StepClock`) and
     ``profile_uri``. The task log ends with the step times; the task page links to the
     run's checkpoints and profile in the Cloud console (for ``gs://`` storage outside an
-    emulator). What restarts cost (a preempted slice, a failed host, an Airflow retry) goes to
-    its own XCom, ``training_attempts``, and onto the outlet's asset event: ``attempts``,
+    emulator). The asset event of each outlet (a literal ``checkpoint_uri`` is one) carries
+    ``checkpoint_uri``, ``checkpoint_step`` and ``run_name`` as extras. What restarts cost (a
+    preempted slice, a failed host, an Airflow retry) goes to its own XCom,
+    ``training_attempts``, and onto the outlets' asset events too: ``attempts``,
     ``restarts``, ``steps_lost`` (the steps each attempt reached beyond the checkpoint the next
     resumed from) and ``started_at_step``, from the records the loop's ``StepClock`` keeps in
     ``<checkpoint_uri>/<run name>/attempts`` (read with the connection's ``gcp_conn_id``).
@@ -253,6 +256,8 @@ class JaxTrainerOperator(SubmitRayJobOperator):
                 self.log.warning("No profile was written for steps %s: the run did not reach them, or the train "
                                  "loop does not time its steps with StepClock", tuple(self.profile_steps))
         self.log.info("Step time: %s", describe_step_times(result.get("step_time")))
+        mark_outlets(self, {"checkpoint_uri": result.get("checkpoint_uri"), "checkpoint_step": result.get("steps"),
+                            "run_name": result.get("run_name")})
         if result.get("run_name"):
             self.record_attempts(str(result["run_name"]))
 
@@ -270,7 +275,5 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         if progress is None:
             return  # the loop has no StepClock: nothing was recorded
         self.log.info("Restarts: %s", describe_attempts(progress))
-        context = get_current_context()
-        context["ti"].xcom_push(key=TRAINING_ATTEMPTS_XCOM_KEY, value=progress)
-        for outlet in self.outlets:
-            context["outlet_events"][outlet].extra[TRAINING_ATTEMPTS_XCOM_KEY] = progress
+        get_current_context()["ti"].xcom_push(key=TRAINING_ATTEMPTS_XCOM_KEY, value=progress)
+        mark_outlets(self, {TRAINING_ATTEMPTS_XCOM_KEY: progress})

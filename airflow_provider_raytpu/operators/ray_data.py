@@ -13,6 +13,7 @@ from airflow_provider_raytpu.operators.base import (
     check_literal,
     is_templated,
     map_index_of,
+    mark_outlets,
     mask_secret_values,
 )
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
@@ -59,7 +60,8 @@ class RayDataOperator(SubmitRayJobOperator):
     before (the output carries a record of its task and files), and an output prefix that
     holds anything else, or overlaps the input, is refused before anything is written. Returns ``rows_in``, ``rows_out``,
     ``output_uri``, ``seconds`` and ``rows_per_second``. A literal ``output_uri`` is
-    declared as an Airflow asset, so downstream DAGs can be scheduled on it.
+    declared as an Airflow asset, so downstream DAGs can be scheduled on it; the asset event of
+    each outlet carries ``rows_in``, ``rows_out`` and ``output_uri`` as extras.
 
     :param cluster: the cluster reference (``create.output``), instead of ``cluster_name``.
     :param cluster_name: the RayCluster's name.
@@ -137,3 +139,7 @@ class RayDataOperator(SubmitRayJobOperator):
         if self.transform_kwargs:
             args += ["--transform-kwargs", json.dumps(dict(self.transform_kwargs))]
         self.job_args = args
+
+    def after_job(self, result: Any) -> None:
+        if isinstance(result, Mapping):
+            mark_outlets(self, {key: result.get(key) for key in ("rows_in", "rows_out", "output_uri")})

@@ -30,6 +30,7 @@ from airflow_provider_raytpu.operators.base import (
     fail_fast,
     is_templated,
     map_index_of,
+    mark_outlets,
     origin_of,
 )
 from airflow_provider_raytpu.operators.capacity_fallback import (
@@ -270,8 +271,7 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
             self.log.info("%s", describe_usage(usage))
         if usages:
             context["ti"].xcom_push(key=USAGE_XCOM_KEY, value=usages)
-            for outlet in self.outlets:
-                context["outlet_events"][outlet].extra[USAGE_XCOM_KEY] = usages
+            mark_outlets(self, {USAGE_XCOM_KEY: usages})
         return result
 
     def creates(self, task: Any) -> bool:

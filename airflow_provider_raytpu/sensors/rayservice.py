@@ -16,6 +16,7 @@ from airflow_provider_raytpu.operators.base import (
     ServiceTaskMixin,
     default_deferrable,
     fail_fast,
+    mark_outlets,
     sensor_poke_interval,
 )
 from airflow_provider_raytpu.operators.links import ServeApplicationLink, ServeEndpointLink, push_service_links
@@ -79,7 +80,8 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
     ``{"path": "/v1/chat/completions", "method": "POST", "json": {...}}``; it must answer
     2xx (on Kubernetes through the API server's service proxy of ``<name>-serve-svc``,
     with the connection's own credentials) and its JSON answer is returned as ``smoke``.
-    Returns the service's status.
+    Returns the service's status. Give it ``outlets`` (e.g. ``[Asset("served_model")]``) and the
+    asset event says what now serves: ``service`` and ``served_version`` extras.
 
     :param service: the service reference (``deploy.output``), instead of ``service_name``
         (its version is then the one to wait for, unless ``version`` is given).
@@ -156,6 +158,7 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
             result = status.to_dict()
             if smoke := parse_smoke_request(self.smoke_request):
                 result["smoke"] = self._smoke(smoke, name, namespace)
+            mark_outlets(self, {"service": f"{namespace}/{name}", "served_version": status.active_version})
             return result
         if status.phase is ServicePhase.FAILED:
             raise AirflowFailException(f"{where} {status.phase.value}: {status.message}")

@@ -69,14 +69,22 @@ def airflow(env: dict[str, str], *args: str, log: Path | None = None) -> None:
 
 
 def task_outcomes(env: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Each task's state, wall time and XCom, read from the run's metadata database."""
+    """Each task's state, wall time, XCom and the extras of the asset events it made, from the run's metadata."""
     code = (
         "import json\n"
+        "from sqlalchemy import select\n"
+        "from airflow.models.asset import AssetEvent\n"
         "from airflow.models.dagrun import DagRun\n"
+        "from airflow.utils.session import create_session\n"
         f"run = DagRun.find(dag_id={DAG_ID!r})[-1]\n"
+        "with create_session() as session:\n"
+        "    events = session.execute(select(AssetEvent.source_task_id, AssetEvent.extra).where(\n"
+        "        AssetEvent.source_dag_id == run.dag_id, AssetEvent.source_run_id == run.run_id)).all()\n"
         "out = {ti.task_id: {'state': str(ti.state), 'try_number': ti.try_number,\n"
         "        'seconds': (ti.end_date - ti.start_date).total_seconds() if ti.end_date and ti.start_date else None,\n"
-        "        'result': ti.xcom_pull(task_ids=ti.task_id)} for ti in run.get_task_instances()}\n"
+        "        'result': ti.xcom_pull(task_ids=ti.task_id),\n"
+        "        'asset_extras': [extra for task, extra in events if task == ti.task_id]}\n"
+        "       for ti in run.get_task_instances()}\n"
         "print('OUTCOMES ' + json.dumps(out, default=str))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -122,6 +130,7 @@ def summary(outcomes: dict[str, dict[str, Any]], total: float) -> str:
         f"loss {train['result']['metrics']['loss']:.4f}, eval loss {train['result']['metrics']['eval_loss']:.4f}",
         f"  checkpoint      {train['result']['checkpoint_uri']}",
         f"  served answer   {json.dumps(answer)}",
+        f"  asset event     finetuned_regressor: {json.dumps(outcomes['wait_serving']['asset_extras'])}",
         "  wall time per task:",
     ]
     for task, outcome in sorted(outcomes.items(), key=lambda kv: kv[1]["seconds"] or 0, reverse=True):

@@ -23,7 +23,7 @@ from tests.gcs import GcsStorage, fake_gcs  # noqa: F401  (fake_gcs is a fixture
 
 HERE = Path(__file__).resolve().parent
 EXPECTED_DAGS = {"tpu_cluster_lifecycle", "nightly_finetune", "nightly_embeddings", "tpu_model_serving",
-                 "raytpu_jobs", "raytpu_training", "raytpu_soak", "etl_daily", "etl.daily"}
+                 "after_promotion", "raytpu_jobs", "raytpu_training", "raytpu_soak", "etl_daily", "etl.daily"}
 
 
 def local_connection(deployment: AirflowDeployment, conn_id: str = "raytpu_default") -> dict[str, str]:

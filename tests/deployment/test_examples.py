@@ -1,6 +1,7 @@
-"""An example DAG as a user first meets it: unpausing ``tpu_cluster_lifecycle`` (``@daily``, no
+"""Example DAGs as a user first meets them: unpausing ``tpu_cluster_lifecycle`` (``@daily``, no
 catchup) starts a scheduled run at once, with the example's default params. That run must be the
-smallest slice, and it must clean up after itself."""
+smallest slice, and it must clean up after itself. ``after_promotion`` runs when the served model's
+asset has a new event, and reads the event's extras."""
 
 from __future__ import annotations
 
@@ -24,3 +25,21 @@ def test_unpausing_the_example_runs_it_once_on_the_smallest_slice(deployment: Ai
     assert (tpu["accelerator"], tpu["topology"], tpu["num_slices"], tpu["capacity"]) == ("v6e", "2x2", 1, "on-demand")
     assert api.xcom(DAG_ID, run_id, "delete_cluster")["deleted"] is True
     assert local_backend(deployment).get_cluster(created["cluster_name"], created["namespace"]) is None
+
+
+def test_a_new_served_model_runs_after_promotion_which_reads_what_the_event_says(api: AirflowApi) -> None:
+    """The asset nightly_finetune's serving sensor marks (tests/local/test_demo.py checks the extras the
+    demo's run puts there) schedules ``after_promotion``, whose task reads the event's extras: posted here
+    through the REST API, as the scheduler receives any asset event."""
+    api.unpause("after_promotion")
+    (served,) = [a for a in api.call("GET", "/api/v2/assets", params={"name_pattern": "finetuned_regressor"})["assets"]
+                 if a["name"] == "finetuned_regressor"]
+    extra = {"service": "default/finetuned-regressor", "served_version": "gs://raytpu-demo/checkpoints/run/orbax/30"}
+    api.call("POST", "/api/v2/assets/events", json={"asset_id": served["id"], "extra": extra})
+
+    runs = api.wait("the run the event triggers", lambda: api.runs("after_promotion"), 120)
+    assert [run["run_type"] for run in runs] == ["asset_triggered"]
+    run_id = runs[0]["dag_run_id"]
+    assert api.wait_run("after_promotion", run_id, timeout=300) == "success", api.run_report("after_promotion", run_id)
+    (promotion,) = api.xcom("after_promotion", run_id, "record_promotion")
+    assert {key: promotion[key] for key in extra} == extra

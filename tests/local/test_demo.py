@@ -36,6 +36,14 @@ def test_the_demo_succeeds_and_its_task_logs_read_cleanly(tmp_path: Path) -> Non
     assert re.fullmatch(r"RayCluster default/nightly-finetune-\S+ used [0-9.e-]+ chip-hours of on-demand \(8 chips "
                         r"for [0-9.]+ (s|min) from ready to gone\)", by_task["delete_cluster"][-1])
 
+    # The assets other DAGs are scheduled on (after_promotion.py) carry what they need.
+    checkpoint = outcomes["train"]["result"]["checkpoint_uri"]
+    assert outcomes["wait_serving"]["asset_extras"] == [
+        {"service": "default/finetuned-regressor", "served_version": checkpoint}]
+    (trained,) = outcomes["train"]["asset_extras"]
+    assert (trained["checkpoint_uri"], trained["checkpoint_step"], trained["training_attempts"]["restarts"]) == (
+        checkpoint, 30, 0)
+    assert outcomes["preprocess"]["asset_extras"] == []  # its output_uri is templated: no outlet declared
     report = outcomes["run_report"]["result"]
     assert json.loads((tmp_path / REPORT / "run_report.json").read_text()) == report
     assert (tmp_path / REPORT / "run_report.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

@@ -12,7 +12,8 @@ EXAMPLES = Path(__file__).parents[2] / "example_dags"
 def test_example_dags_parse() -> None:
     bag = DagBag(dag_folder=str(EXAMPLES))
     assert bag.import_errors == {}
-    assert {"tpu_cluster_lifecycle", "nightly_finetune", "nightly_embeddings", "tpu_model_serving"} <= set(bag.dag_ids)
+    assert {"tpu_cluster_lifecycle", "nightly_finetune", "nightly_embeddings", "tpu_model_serving",
+            "after_promotion"} <= set(bag.dag_ids)
     for dag_id in ("tpu_cluster_lifecycle", "nightly_finetune", "nightly_embeddings"):
         dag = bag.dags[dag_id]
         delete = dag.get_task("delete_cluster")
@@ -66,3 +67,12 @@ def test_finetune_reports_last_without_making_a_cluster_to_report() -> None:
     assert cleared("promote_model") == {"promote_model", "wait_serving", "run_report"}
     assert cleared("train") == {"create_cluster", "wait_cluster_ready", "train", "delete_cluster", "promote_model",
                                 "wait_serving", "run_report"}
+
+
+def test_after_promotion_runs_on_the_model_nightly_finetune_serves() -> None:
+    bag = DagBag(dag_folder=str(EXAMPLES))
+    finetune, after = bag.dags["nightly_finetune"], bag.dags["after_promotion"]
+    (served,) = finetune.get_task("wait_serving").outlets
+    assert list(after.timetable.asset_condition.objects) == [served]
+    assert [a.name for a in finetune.get_task("train").outlets] == ["finetuned_regressor_checkpoints"]
+    assert not after.get_task("record_promotion").outlets
