@@ -17,23 +17,14 @@ import asyncio
 import contextlib
 import importlib
 import json as jsonlib
-import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
-from functools import cache
 from urllib.parse import urlsplit, urlunsplit
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import aiohttp
     import requests
-    from ray.exceptions import AuthenticationError
-    from ray.job_submission import JobSubmissionClient
-
-    try:  # what Ray's own client says about a 401/403 of its token authentication
-        from ray._private.authentication.http_token_authentication import format_authentication_http_error
-    except ImportError:  # a Ray without token authentication
-        format_authentication_http_error = None
 
 
 #: HTTP statuses of an endpoint that is there but cannot answer now (a proxy, a restarting head).
@@ -53,7 +44,8 @@ SESSION_LINGER_SECONDS = 30.0
 class DashboardUnavailableError(RuntimeError):
     """The Ray dashboard (or the API server proxying it) answered a transient error status.
 
-    A ``RuntimeError``, as Ray's ``JobSubmissionClient`` raises for an error answer.
+    A ``RuntimeError``, as Ray's ``JobSubmissionClient`` raises for an error answer
+    (:class:`~airflow_provider_raytpu.hooks.jobs_api.JobsApi` speaks for it here).
 
     :param status: the HTTP status.
     :param text: the start of the answer's body.
@@ -136,10 +128,6 @@ class HttpTransport(abc.ABC):
         when the endpoint (or a proxy on the way) answers without upgrading.
 
         :param headers: headers of the opening request."""
-
-    def job_client(self) -> JobSubmissionClient:
-        """Ray's ``JobSubmissionClient`` (it also uploads ``py_modules`` and ``working_dir``), talking through this transport."""
-        return _transport_job_client_class()(self)
 
 
 class DirectTransport(HttpTransport):
@@ -227,59 +215,3 @@ async def shared_session(url: str) -> AsyncIterator[aiohttp.ClientSession]:
 
     async with loop_shared().lease(("http-session", url), make, close, linger=SESSION_LINGER_SECONDS) as session:
         yield session
-
-
-def route_ray_logs() -> None:
-    """Let the ``ray`` logger's records reach this process's own logging, at their own level.
-
-    Importing Ray gives its logger a handler of its own that writes to stderr and stops
-    propagation; an Airflow task log shows every stderr line as an error, so a healthy job
-    submission (``INFO dashboard_sdk.py -- Uploading package ...``) looked like a failure.
-    Ray's handlers are removed and the records propagate to Airflow's handlers instead.
-    """
-    ray_logger = logging.getLogger("ray")
-    ray_logger.handlers = [h for h in ray_logger.handlers if not type(h).__module__.startswith("ray.")]
-    ray_logger.propagate = True
-
-
-@cache
-def _transport_job_client_class() -> type[JobSubmissionClient]:
-    """A ``JobSubmissionClient`` whose every request (the version check in its constructor too)
-    goes through an :class:`HttpTransport`; made once, on first use (it imports Ray, whose logs it
-    then routes into this process's logging: :func:`route_ray_logs`)."""
-    import requests
-    from ray.exceptions import AuthenticationError
-    from ray.job_submission import JobSubmissionClient
-
-    route_ray_logs()
-
-    try:  # what Ray's own client says about a 401/403 of its token authentication
-        from ray._private.authentication.http_token_authentication import format_authentication_http_error
-    except ImportError:  # a Ray without token authentication
-        format_authentication_http_error = None
-
-    class TransportJobSubmissionClient(JobSubmissionClient):  # type: ignore[misc]
-        def __init__(self, transport: HttpTransport) -> None:
-            self._transport = transport
-            super().__init__(address=transport.url)
-
-        def _do_request(self, method: str, endpoint: str, *, data: bytes | None = None,
-                        json_data: dict[str, Any] | None = None, **kwargs: Any) -> requests.Response:
-            headers = {"Accept": "application/json", **(self._headers or {})}
-            if data is not None:
-                headers["Content-Type"] = "application/octet-stream"
-            timeout = kwargs.get("timeout") or (UPLOAD_TIMEOUT_SECONDS if data is not None else REQUEST_TIMEOUT_SECONDS)
-            answer = self._transport.request(method, endpoint, json=json_data, data=data, headers=headers,
-                                             timeout=timeout)
-            if answer.status in TRANSIENT_STATUSES:
-                raise DashboardUnavailableError(answer.status, answer.text(300))
-            if (self._transport.ray_auth_errors or answer.ray_refused) and format_authentication_http_error:
-                if explained := format_authentication_http_error(answer.status, answer.text()):
-                    raise AuthenticationError(f"{explained} (on Kubernetes, the raytpu connection's ray_token_auth "
-                                              "sends each cluster's token from the Secret KubeRay made for it)")
-            response = requests.Response()
-            response.status_code, response._content = answer.status, answer.body
-            response.url = self._transport.url.rstrip("/") + endpoint
-            return response
-
-    return TransportJobSubmissionClient

@@ -3,9 +3,10 @@
 Every request goes through the transport the connection's backend gives for the
 cluster's dashboard (:meth:`~airflow_provider_raytpu.backends.base.ClusterBackend.dashboard`;
 on Kubernetes by default the API server's service proxy with the Kubernetes client's own
-authentication), so this hook does not know which backend it talks to. Sync calls use
-Ray's own ``JobSubmissionClient`` (it also uploads ``py_modules`` and ``working_dir``
-packages) on that transport; the triggers' async calls use the transport directly: a job's
+authentication), so this hook does not know which backend it talks to, and needs no Ray: sync
+calls go through :class:`~airflow_provider_raytpu.hooks.jobs_api.JobsApi` (what Ray's
+``JobSubmissionClient`` sends, ``py_modules`` and ``working_dir`` uploads too) on that
+transport; the triggers' async calls use the transport directly: a job's
 status from its cluster's shared :class:`~airflow_provider_raytpu.hooks.job_board.JobBoard`,
 its log from Ray's streaming tail (:class:`~airflow_provider_raytpu.hooks.log_tail.LogTail`).
 """
@@ -24,13 +25,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from airflow.sdk import BaseHook
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.hooks.job_board import DashboardError, JobBoard, job_board
+from airflow_provider_raytpu.hooks.jobs_api import JobRecord, JobsApi
 from airflow_provider_raytpu.hooks.log_tail import LogTail
 from airflow_provider_raytpu.hooks.outage import DEFAULT_UNREACHABLE_GRACE, call_through_outage
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 
 if TYPE_CHECKING:
-    from ray.job_submission import JobDetails, JobSubmissionClient
-
     from airflow_provider_raytpu.backends.base import ClusterBackend
     from airflow_provider_raytpu.backends.transport import HttpTransport
 
@@ -134,11 +134,11 @@ class RayJobsHook(BaseHook):
         return self.dashboard.browser_url
 
     @cached_property
-    def client(self) -> JobSubmissionClient:
-        """Ray's client on the cluster's dashboard (its constructor asks the dashboard for Ray's version)."""
-        return self._through_outage(self.dashboard.job_client)
+    def client(self) -> JobsApi:
+        """Ray's Jobs REST API on the cluster's dashboard."""
+        return JobsApi(self.dashboard)
 
-    def get_conn(self) -> JobSubmissionClient:
+    def get_conn(self) -> JobsApi:
         return self.client
 
     def _through_outage(self, call: Callable[[], T]) -> T:
@@ -178,18 +178,22 @@ class RayJobsHook(BaseHook):
 
         return self._through_outage(submit)
 
-    def find_jobs(self, identity: JobIdentity) -> list[JobDetails]:
+    def list_jobs(self) -> list[JobRecord]:
+        """Every job Ray records on the cluster."""
+        return self._through_outage(self.client.list_jobs)
+
+    def find_jobs(self, identity: JobIdentity) -> list[JobRecord]:
         """This task's jobs (any try), newest try first."""
         key = identity.metadata()[f"{METADATA_PREFIX}task_key"]
-        jobs = self._through_outage(lambda: self.client.list_jobs())
+        jobs = self.list_jobs()
         mine = [j for j in jobs if (j.metadata or {}).get(f"{METADATA_PREFIX}task_key") == key]
-        return sorted(mine, key=lambda j: int(j.metadata.get(f"{METADATA_PREFIX}try_number", 0)), reverse=True)
+        return sorted(mine, key=lambda j: int((j.metadata or {}).get(f"{METADATA_PREFIX}try_number", 0)), reverse=True)
 
     def status(self, submission_id: str) -> tuple[str, str]:
         info = self.info(submission_id)
-        return str(info.status), info.message or ""
+        return info.status, info.message or ""
 
-    def info(self, submission_id: str) -> JobDetails:
+    def info(self, submission_id: str) -> JobRecord:
         """Everything Ray records of the job: status, entrypoint, the driver's exit code, ..."""
         return self._through_outage(lambda: self.client.get_job_info(submission_id))
 

@@ -18,6 +18,7 @@ from airflow_provider_raytpu.operators.base import (
     mark_outlets,
     mask_secret_values,
 )
+from airflow_provider_raytpu.operators.lineage import checkpoint_directory, storage_dataset, task_lineage
 from airflow_provider_raytpu.operators.links import CheckpointsLink, ProfileLink, RayJobLink, push_link, storage_console_url
 from airflow_provider_raytpu.operators.ray_data import asset_for
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
@@ -260,6 +261,19 @@ class JaxTrainerOperator(SubmitRayJobOperator):
                             "run_name": result.get("run_name")})
         if result.get("run_name"):
             self.record_attempts(str(result["run_name"]))
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        return task_lineage([storage_dataset(uri) for uri in (self.datasets or {}).values()],
+                            [storage_dataset(self.checkpoint_uri)])
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The datasets it read; the directory of its run's checkpoints, versioned by the step of the last one."""
+        result = self.job_result if isinstance(self.job_result, Mapping) else {}
+        checkpoint = storage_dataset(self.checkpoint_uri)
+        if result.get("checkpoint_uri"):
+            checkpoint = storage_dataset(checkpoint_directory(str(result["checkpoint_uri"])),
+                                         version=None if result.get("steps") is None else str(result["steps"]))
+        return task_lineage([storage_dataset(uri) for uri in (self.datasets or {}).values()], [checkpoint])
 
     def record_attempts(self, run_name: str) -> None:
         """Push what the run's restarts cost (``training_attempts``) and put it on the outlets' asset events."""

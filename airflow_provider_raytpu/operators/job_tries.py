@@ -24,6 +24,8 @@ from airflow_provider_raytpu.progress import Heartbeat
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_provider_raytpu.hooks.jobs_api import JobRecord
+
 MAX_TRIES_KEY = f"{METADATA_PREFIX}max_tries"
 STOP_TIMEOUT_SECONDS = 120.0
 
@@ -34,10 +36,10 @@ def job_identity(context: Context) -> JobIdentity:
     return JobIdentity(ti.dag_id, ti.task_id, ti.run_id, map_index_of(context), ti.try_number, ti.max_tries)
 
 
-def same_cycle(job: Any, context: Context) -> bool:
+def same_cycle(job: JobRecord, context: Context) -> bool:
     """Whether a job of this task was submitted in this try's cycle (no Clear since).
 
-    :param job: Ray's ``JobDetails`` of one of this task's jobs.
+    :param job: Ray's record of one of this task's jobs.
     """
     recorded = (job.metadata or {}).get(MAX_TRIES_KEY)
     return recorded is None or int(recorded) == context["ti"].max_tries  # None: from an earlier release
@@ -49,16 +51,16 @@ def will_be_retried(context: Context) -> bool:
     return ti.max_tries != 0 and ti.try_number <= ti.max_tries
 
 
-def stop_leftovers(jobs: RayJobsHook, previous: list[Any], log: Any, poll_interval: float) -> None:
+def stop_leftovers(jobs: RayJobsHook, previous: list[JobRecord], log: Any, poll_interval: float) -> None:
     """Stop this task's jobs still pending or running, and wait until each has ended (before a new
     submission: two drivers never share a run directory or a slice).
 
     :param jobs: the cluster's Jobs API.
-    :param previous: Ray's ``JobDetails`` of this task's jobs.
+    :param previous: Ray's records of this task's jobs.
     :param log: the task's logger.
     :param poll_interval: seconds between status reads (at most 1).
     """
-    leftovers = [job.submission_id for job in previous if str(job.status) in ACTIVE]
+    leftovers = [job.submission_id for job in previous if job.status in ACTIVE]
     for submission_id in leftovers:
         log.warning("Stopping Ray job %s left running by an earlier run of this task", submission_id)
         jobs.stop(submission_id)

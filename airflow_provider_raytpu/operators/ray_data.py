@@ -16,6 +16,7 @@ from airflow_provider_raytpu.operators.base import (
     mark_outlets,
     mask_secret_values,
 )
+from airflow_provider_raytpu.operators.lineage import storage_dataset, task_lineage
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
 from airflow_provider_raytpu.tpu import plural
 from airflow_provider_raytpu.workloads.uris import APART_FIX, output_overlap
@@ -143,3 +144,12 @@ class RayDataOperator(SubmitRayJobOperator):
     def after_job(self, result: Any) -> None:
         if isinstance(result, Mapping):
             mark_outlets(self, {key: result.get(key) for key in ("rows_in", "rows_out", "output_uri")})
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        return task_lineage([storage_dataset(self.input_uri)], [storage_dataset(self.output_uri)])
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        result = self.job_result if isinstance(self.job_result, Mapping) else {}
+        return task_lineage([storage_dataset(self.input_uri)],
+                            [storage_dataset(result.get("output_uri") or self.output_uri,
+                                             rows=result.get("rows_out"))])

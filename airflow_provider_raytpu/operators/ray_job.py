@@ -154,6 +154,8 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         self.cluster_ready_timeout = cluster_ready_timeout
         self.unreachable_grace_period = unreachable_grace_period
         self.submission_id: str | None = None
+        #: The result of the job this task followed to success (what its lineage reports).
+        self.job_result: Any = None
         self.job_args: list[str] | None = None
 
     @cached_property
@@ -309,7 +311,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         """The job to follow: reattached, or newly submitted; ``None`` when the newest already succeeded."""
         if previous and same_cycle(previous[0], context):
             newest = previous[0]
-            status = str(newest.status)
+            status = newest.status
             if status in ACTIVE:
                 self.log.info("Reattaching to Ray job %s (%s) from try %s", newest.submission_id, status,
                               newest.metadata.get("raytpu.try_number"))
@@ -385,6 +387,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         """The closing line of a job that succeeded, then what a subclass adds; the task's return value."""
         self.log.info("%s", closing_line(submission_id, "SUCCEEDED", self.jobs.wall_seconds(submission_id),
                                          returned(result) + note))
+        self.job_result = result
         self.after_job(result)
         return result
 

@@ -368,7 +368,7 @@ class DeleteExpiredRayClustersOperator(ClusterTaskMixin, BaseOperator):
         jobs = RayJobsHook(metadata["name"], metadata["namespace"], self.conn_id, cluster_hook=self.hook,
                            unreachable_grace_period=JOB_CHECK_GRACE_SECONDS)
         try:
-            running = [job.submission_id or job.job_id for job in jobs.client.list_jobs() if str(job.status) in ACTIVE]
+            running = [job.submission_id or job.job_id or "" for job in jobs.list_jobs() if job.status in ACTIVE]
         except Exception as exc:  # no dashboard answers: no job runs there
             self.log.info("RayCluster %s/%s: its Ray jobs could not be listed (%s)", metadata["namespace"],
                           metadata["name"], exc)

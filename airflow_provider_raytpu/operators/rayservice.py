@@ -32,6 +32,13 @@ from airflow_provider_raytpu.operators.base import (
     origin_of,
 )
 from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
+from airflow_provider_raytpu.operators.lineage import (
+    checkpoint_directory,
+    is_storage_uri,
+    service_dataset,
+    storage_dataset,
+    task_lineage,
+)
 from airflow_provider_raytpu.operators.links import ServeApplicationLink, ServeEndpointLink, push_service_links
 from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice, check_offered
 from airflow_provider_raytpu.progress import progress
@@ -186,8 +193,23 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         self.serve_options = serve_options
         self.cluster_options = options
         self.cluster_deletion_delay_seconds = cluster_deletion_delay_seconds
+        #: The reference of the service as this task applied it (what its lineage reports).
+        self.deployed: dict[str, Any] | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
+        self.deployed = self._deploy(context)
+        return self.deployed
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The checkpoint directory the promoted version comes from (a storage URI), and the service serving it."""
+        if not self.deployed:
+            return task_lineage([], [])
+        version = self.deployed["version"]
+        source = [storage_dataset(checkpoint_directory(version))] if version and is_storage_uri(version) else []
+        return task_lineage(source, [service_dataset(self.deployed["namespace"], self.deployed["service_name"],
+                                                     version)])
+
+    def _deploy(self, context: Context) -> dict[str, Any]:
         with fail_fast():
             tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host,
                            self.capacity)

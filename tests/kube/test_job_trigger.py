@@ -200,19 +200,20 @@ def test_a_half_open_dashboard_does_not_hang_a_synchronous_call(monkeypatch: pyt
     import threading
     import time
 
-    from airflow_provider_raytpu.backends import transport
     from airflow_provider_raytpu.backends.transport import DirectTransport
+    from airflow_provider_raytpu.hooks import jobs_api
+    from airflow_provider_raytpu.hooks.jobs_api import JobsApi
     from airflow_provider_raytpu.hooks.outage import DashboardUnreachableError, call_through_outage
 
     silent = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
     threading.Thread(target=lambda: [held.append(silent.accept()[0]) for _ in range(50)], daemon=True).start()
-    monkeypatch.setattr(transport, "REQUEST_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(jobs_api, "REQUEST_TIMEOUT_SECONDS", 0.5)
     url = f"http://127.0.0.1:{silent.getsockname()[1]}"
     started = time.monotonic()
     with pytest.raises(DashboardUnreachableError, match=r"the dashboard unreachable for \d s, longer than its grace "
                                                         r"of 2 s: .*[Tt]imed? ?out"):
-        call_through_outage(lambda: DirectTransport(url).job_client().get_job_info("job-1"), "the dashboard", 2,
+        call_through_outage(lambda: JobsApi(DirectTransport(url)).get_job_info("job-1"), "the dashboard", 2,
                             logging_to_nowhere())
     assert time.monotonic() - started < 10
     assert held, "the connections were accepted, never answered"

@@ -10,10 +10,10 @@ import base64
 from collections.abc import Iterator
 
 import pytest
-from ray.exceptions import AuthenticationError
 
 from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
 from airflow_provider_raytpu.errors import FatalError
+from airflow_provider_raytpu.hooks.jobs_api import JobsApi, RayAuthenticationError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.tpu import TpuSlice
@@ -55,7 +55,7 @@ def jobs(kube: FakeKubeApiServer, connections: None) -> Iterator[JobsStub]:
 
 def test_the_sync_job_client_sends_each_clusters_token(jobs: JobsStub, backend: KubeRayBackend,
                                                        kube: FakeKubeApiServer) -> None:
-    assert backend.dashboard("a", NAMESPACE).job_client().get_job_info("job-1").status == "RUNNING"
+    assert JobsApi(backend.dashboard("a", NAMESPACE)).get_job_info("job-1").status == "RUNNING"
     assert jobs.requests[("a", "get")] == 1
     before = kube.count("GET", r"/rayclusters/b$")
     transport = backend.dashboard("b", NAMESPACE)
@@ -95,8 +95,10 @@ def test_a_new_token_is_read_again_once_ray_refuses_the_old_one(jobs: JobsStub, 
 def test_without_ray_token_auth_rays_refusal_is_explained(jobs: JobsStub, kube: FakeKubeApiServer,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(ray_token_auth=False))
-    with pytest.raises(AuthenticationError, match="Authentication required: Unauthorized: Missing authentication"):
-        RayTpuHook().backend.dashboard("a", NAMESPACE).job_client().get_job_info("job-1")
+    with pytest.raises(RayAuthenticationError, match=(
+            "Authentication required: Unauthorized: Missing authentication token\n\nToken authentication is enabled "
+            "but no authentication token was found \\(on Kubernetes, the raytpu connection's ray_token_auth")):
+        JobsApi(RayTpuHook().backend.dashboard("a", NAMESPACE)).get_job_info("job-1")
 
 
 def test_a_refused_secret_read_names_the_rule_and_an_outage_is_a_503(jobs: JobsStub, backend: KubeRayBackend,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,24 @@ from tests.task_logs import LOADED_SILENCE_LIMIT_SECONDS, problems, task_instanc
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
 
-def test_the_demo_succeeds_and_its_task_logs_read_cleanly(tmp_path: Path) -> None:
+def lineage_events(path: Path) -> dict[str, dict[str, Any]]:
+    """The COMPLETE event of each task, by task id, from the OpenLineage file transport's lines."""
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {event["job"]["name"].removeprefix(f"{DAG_ID}."): event for event in events
+            if event["eventType"] == "COMPLETE" and event["job"]["name"].startswith(f"{DAG_ID}.")}
+
+
+def datasets(event: dict[str, Any], side: str) -> list[tuple[str, str]]:
+    return [(dataset["namespace"], dataset["name"]) for dataset in event[side]]
+
+
+def test_the_demo_succeeds_and_its_task_logs_read_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The OpenLineage provider's listener writes each task's events to a file, as it would send them to Marquez.
+    lineage = tmp_path / "lineage.jsonl"
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps(
+        {"type": "file", "log_file_path": str(lineage), "append": True}))
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__NAMESPACE", "raytpu-demo")
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__EXECUTE_IN_THREAD", "True")
     outcomes, _ = run(tmp_path)
     assert {task: o["state"] for task, o in outcomes.items()} == dict.fromkeys(
         ["create_cluster", "wait_cluster_ready", "preprocess", "train", "delete_cluster", "promote_model",
@@ -44,6 +62,21 @@ def test_the_demo_succeeds_and_its_task_logs_read_cleanly(tmp_path: Path) -> Non
     assert (trained["checkpoint_uri"], trained["checkpoint_step"], trained["training_attempts"]["restarts"]) == (
         checkpoint, 30, 0)
     assert outcomes["preprocess"]["asset_extras"] == []  # its output_uri is templated: no outlet declared
+
+    # Lineage: raw rows -> features (with the rows written) -> the checkpoints (versioned by step) -> the service.
+    events = lineage_events(lineage)
+    features = outcomes["preprocess"]["result"]["output_uri"].removeprefix("gs://raytpu-demo/")
+    orbax = checkpoint.removeprefix("gs://raytpu-demo/").removesuffix("/30")
+    assert datasets(events["preprocess"], "inputs") == [("gs://raytpu-demo", "raw/rows.jsonl")]
+    assert datasets(events["preprocess"], "outputs") == [("gs://raytpu-demo", features)]
+    written = events["preprocess"]["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"]
+    assert written == outcomes["preprocess"]["result"]["rows_out"]
+    assert datasets(events["train"], "inputs") == [("gs://raytpu-demo", features)]
+    assert datasets(events["train"], "outputs") == [("gs://raytpu-demo", orbax)]
+    assert events["train"]["outputs"][0]["facets"]["version"]["datasetVersion"] == "30"
+    assert datasets(events["promote_model"], "inputs") == [("gs://raytpu-demo", orbax)]
+    assert datasets(events["promote_model"], "outputs") == [("rayservice://default", "finetuned-regressor")]
+    assert events["promote_model"]["outputs"][0]["facets"]["version"]["datasetVersion"] == checkpoint
     report = outcomes["run_report"]["result"]
     assert json.loads((tmp_path / REPORT / "run_report.json").read_text()) == report
     assert (tmp_path / REPORT / "run_report.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

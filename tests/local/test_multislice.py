@@ -66,9 +66,11 @@ def raw_rows(fake_gcs: GcsStorage) -> str:
     return write_dataset(fake_gcs.uri("multislice", "rows.jsonl"), ROWS, seed=5)
 
 
-def train_dag(dag_id: str, checkpoints: str, rows: str, marker_dir: Path, more: str = "") -> str:
+def train_dag(dag_id: str, checkpoints: str, rows: str, marker_dir: Path, more: str = "",
+              step_seconds: float = 0.0) -> str:
+    """:param step_seconds: each step at least this long (the loss is the same), so a fault lands mid-run."""
     config = {"seed": 3, "total_steps": STEPS, "checkpoint_every": EVERY, "marker_dir": str(marker_dir),
-              "shard_dataset": "shards"}
+              "shard_dataset": "shards", "step_seconds": step_seconds}
     return f'''
 from datetime import datetime
 from airflow.sdk import DAG
@@ -143,7 +145,10 @@ def test_a_lost_host_restarts_both_slices_from_the_checkpoint(
 
     fault = threading.Thread(target=kill_a_host_of_slice_1, daemon=True)
     fault.start()
-    outcome = run_dag(airflow_home, train_dag("multislice_fault", checkpoints, raw_rows, tmp_path), "multislice_fault")
+    # Steps of at least 0.3 s: on an idle machine the run committed its last checkpoint before the kill landed
+    # (and resumed from step 20, with nothing left to train).
+    outcome = run_dag(airflow_home, train_dag("multislice_fault", checkpoints, raw_rows, tmp_path, step_seconds=0.3),
+                      "multislice_fault")
     fault.join(5)
     assert outcome["train"].state == "success", outcome
     result = outcome["train"].result
