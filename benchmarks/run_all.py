@@ -42,6 +42,8 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
                      "and hand loops doing the same work; data wait with a train step",
                      ["--sizes", "8x64K,128x4K", "--rounds", "1", "--runs", "1", "--epoch-mib", "8"]),
     "demo_wall_time": ("`make demo` end to end, wall time per task", []),
+    "base_install": ("`pip install airflow-provider-raytpu` (base) into a fresh venv: time, size, Ray or not, "
+                     "vs the release with ray[default] in the base dependencies", ["--rounds", "1"]),
 }
 
 

@@ -9,8 +9,12 @@ Another test tree gets the same session fixture with::
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +23,17 @@ from tests.k8s.controlplane import ControlPlane
 from tests.k8s.example_runs import BUCKET, EXAMPLES, ROWS
 from tests.k8s.session import k8s_control_plane  # noqa: F401  (session fixture)
 from tests.k8s.support import Connections, NodePools, force_delete_clusters, suffix
+
+
+#: Every task's OpenLineage events in this tier, written by the OpenLineage provider's listener (a file
+#: transport, set before Airflow loads its plugins: the provider reads its configuration once).
+LINEAGE_EVENTS = Path(tempfile.mkdtemp(prefix="raytpu-lineage-")) / "events.jsonl"
+os.environ.update({
+    "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(LINEAGE_EVENTS),
+                                                   "append": True}),
+    "AIRFLOW__OPENLINEAGE__NAMESPACE": "raytpu-k8s",
+    "AIRFLOW__OPENLINEAGE__EXECUTE_IN_THREAD": "True",
+})
 
 
 def pytest_configure(config):

@@ -43,6 +43,8 @@ import pytest
 
 from example_dags.demo.fake_gcs import FakeGcsServer
 from tests.airflow_runner import TaskOutcome
+from tests.k8s.conftest import LINEAGE_EVENTS
+from tests.lineage import completed, datasets
 from tests.k8s.controlplane import ControlPlane
 from tests.k8s.example_runs import (
     BUCKET,
@@ -119,6 +121,11 @@ def test_nightly_embeddings_on_a_spot_slice_with_a_raylet_per_host(
     assert (embed["rows_in"], embed["rows_out"]) == (ROWS, ROWS)
     assert embed["output_uri"] == f"gs://{BUCKET}/embeddings/2026-12-01"
     assert any(n.endswith(".parquet") for n in gcs.list_objects(BUCKET, "embeddings/2026-12-01/"))
+    # Its lineage, as the OpenLineage provider's listener emitted it: the raw rows in, the embeddings out.
+    event = completed(LINEAGE_EVENTS, "nightly_embeddings")["embed"]
+    assert datasets(event, "inputs") == [(f"gs://{BUCKET}", "raw/rows.jsonl")]
+    assert datasets(event, "outputs") == [(f"gs://{BUCKET}", "embeddings/2026-12-01")]
+    assert event["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"] == ROWS
     # The head and both TPU hosts ran here and became Ready; their nodes are the spot pool's.
     assert len(ran_for_real(cp, namespace, cluster)) == 3
     wait_for(lambda: not cluster_pods(cp, namespace, cluster), 120, f"no pod of {cluster} left")

@@ -72,8 +72,10 @@ def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh virtualenv with the base package installed as a user installs it (no extras, not editable)."""
     venv = tmp_path_factory.mktemp("base-venv") / "venv"
     subprocess.run([str(UV), "venv", "--quiet", "--python", sys.executable, str(venv)], check=True)
+    # --reinstall-package: uv would reuse a wheel it built of this directory before (its cache keys on pyproject.toml)
     subprocess.run([str(UV), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
-                    "-c", str(REPO / "constraints.txt"), str(REPO)], check=True, cwd=venv.parent)
+                    "--reinstall-package", "airflow-provider-raytpu", "-c", str(REPO / "constraints.txt"), str(REPO)],
+                   check=True, cwd=venv.parent)
     return venv
 
 

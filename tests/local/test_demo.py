@@ -8,25 +8,14 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from example_dags.demo.run import DAG_ID, REPORT, run
+from tests.lineage import completed, datasets
 from tests.task_logs import LOADED_SILENCE_LIMIT_SECONDS, problems, task_instances_in, task_logs
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
-
-
-def lineage_events(path: Path) -> dict[str, dict[str, Any]]:
-    """The COMPLETE event of each task, by task id, from the OpenLineage file transport's lines."""
-    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {event["job"]["name"].removeprefix(f"{DAG_ID}."): event for event in events
-            if event["eventType"] == "COMPLETE" and event["job"]["name"].startswith(f"{DAG_ID}.")}
-
-
-def datasets(event: dict[str, Any], side: str) -> list[tuple[str, str]]:
-    return [(dataset["namespace"], dataset["name"]) for dataset in event[side]]
 
 
 def test_the_demo_succeeds_and_its_task_logs_read_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,7 +53,7 @@ def test_the_demo_succeeds_and_its_task_logs_read_cleanly(tmp_path: Path, monkey
     assert outcomes["preprocess"]["asset_extras"] == []  # its output_uri is templated: no outlet declared
 
     # Lineage: raw rows -> features (with the rows written) -> the checkpoints (versioned by step) -> the service.
-    events = lineage_events(lineage)
+    events = completed(lineage, DAG_ID)
     features = outcomes["preprocess"]["result"]["output_uri"].removeprefix("gs://raytpu-demo/")
     orbax = checkpoint.removeprefix("gs://raytpu-demo/").removesuffix("/30")
     assert datasets(events["preprocess"], "inputs") == [("gs://raytpu-demo", "raw/rows.jsonl")]
