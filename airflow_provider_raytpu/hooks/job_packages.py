@@ -101,7 +101,8 @@ def upload(path: Path, jobs: JobsApi, excludes: list[str], *, in_parent_dir: boo
     elif path.is_file() and in_parent_dir and path.suffix == ".whl":
         uri, make = path.name, path.read_bytes
     elif path.is_file() and not in_parent_dir and (ending := archive_ending(path.name)):
-        uri, make = PACKAGE_PREFIX + hashlib.sha1(path.read_bytes()).hexdigest() + ending, path.read_bytes
+        archive = path.read_bytes()
+        uri, make = PACKAGE_PREFIX + hashlib.sha1(archive).hexdigest() + ending, lambda: archive
     else:
         field, takes = (("py_modules", "a directory, a .py file or a .whl file") if in_parent_dir else
                         ("working_dir", f"a directory or an archive ({', '.join(ARCHIVE_ENDINGS)})"))
@@ -116,9 +117,9 @@ def upload(path: Path, jobs: JobsApi, excludes: list[str], *, in_parent_dir: boo
         log.info("Uploading package gcs://%s (%s, %.1f MiB).", uri, path, len(package) / 2**20)
         stored = jobs.request("PUT", endpoint, data=package, timeout=UPLOAD_TIMEOUT_SECONDS)
         if stored.status != 200:
-            raise RuntimeError(f"Request failed with status code {stored.status}: {stored.text()}.")
+            raise jobs.refused(stored)
     else:
-        raise RuntimeError(f"Request failed with status code {held.status}: {held.text()}.")
+        raise jobs.refused(held)
     return f"gcs://{uri}"
 
 

@@ -102,10 +102,15 @@ class JobsApi:
             raise RayAuthenticationError(f"{verdict}: {answer.text()}\n\n{details} {TOKEN_HINT}")
         return answer
 
+    @staticmethod
+    def refused(answer: HttpAnswer) -> RuntimeError:
+        """The error Ray's client raises for an answer it did not expect (``_raise_error``)."""
+        return RuntimeError(f"Request failed with status code {answer.status}: {answer.text()}.")
+
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         answer = self.request(method, path, **kwargs)
         if answer.status != 200:
-            raise RuntimeError(f"Request failed with status code {answer.status}: {answer.text()}.")
+            raise self.refused(answer)
         return answer.json()
 
     def submit_job(self, *, entrypoint: str, submission_id: str, runtime_env: Mapping[str, Any] | None = None,

@@ -248,7 +248,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         self.job_args = args
 
     def after_job(self, result: Any) -> None:
-        result = result if isinstance(result, Mapping) else {}
+        result = self.job_result
         if self.profile_steps is not None:
             if result.get("profile_uri"):
                 self.log.info("Profile of steps %s: %s (open with tensorboard --logdir %s)", tuple(self.profile_steps),
@@ -262,18 +262,21 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         if result.get("run_name"):
             self.record_attempts(str(result["run_name"]))
 
+    def input_datasets(self) -> list[Any]:
+        """The OpenLineage datasets of the ``datasets`` it reads."""
+        return [storage_dataset(uri) for uri in (self.datasets or {}).values()]
+
     def get_openlineage_facets_on_start(self) -> Any:
-        return task_lineage([storage_dataset(uri) for uri in (self.datasets or {}).values()],
-                            [storage_dataset(self.checkpoint_uri)])
+        return task_lineage(self.input_datasets(), [storage_dataset(self.checkpoint_uri)])
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The datasets it read; the directory of its run's checkpoints, versioned by the step of the last one."""
-        result = self.job_result if isinstance(self.job_result, Mapping) else {}
+        result = self.job_result
         checkpoint = storage_dataset(self.checkpoint_uri)
         if result.get("checkpoint_uri"):
             checkpoint = storage_dataset(checkpoint_directory(str(result["checkpoint_uri"])),
                                          version=None if result.get("steps") is None else str(result["steps"]))
-        return task_lineage([storage_dataset(uri) for uri in (self.datasets or {}).values()], [checkpoint])
+        return task_lineage(self.input_datasets(), [checkpoint])
 
     def record_attempts(self, run_name: str) -> None:
         """Push what the run's restarts cost (``training_attempts``) and put it on the outlets' asset events."""

@@ -142,14 +142,13 @@ class RayDataOperator(SubmitRayJobOperator):
         self.job_args = args
 
     def after_job(self, result: Any) -> None:
-        if isinstance(result, Mapping):
-            mark_outlets(self, {key: result.get(key) for key in ("rows_in", "rows_out", "output_uri")})
+        if self.job_result:
+            mark_outlets(self, {key: self.job_result.get(key) for key in ("rows_in", "rows_out", "output_uri")})
 
     def get_openlineage_facets_on_start(self) -> Any:
         return task_lineage([storage_dataset(self.input_uri)], [storage_dataset(self.output_uri)])
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        result = self.job_result if isinstance(self.job_result, Mapping) else {}
+        result = self.job_result
         return task_lineage([storage_dataset(self.input_uri)],
-                            [storage_dataset(result.get("output_uri") or self.output_uri,
-                                             rows=result.get("rows_out"))])
+                            [storage_dataset(result.get("output_uri") or self.output_uri, rows=result.get("rows_out"))])

@@ -154,8 +154,8 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         self.cluster_ready_timeout = cluster_ready_timeout
         self.unreachable_grace_period = unreachable_grace_period
         self.submission_id: str | None = None
-        #: The result of the job this task followed to success (what its lineage reports).
-        self.job_result: Any = None
+        #: The result of the job this task followed to success, when a mapping (what its lineage reports).
+        self.job_result: Mapping[str, Any] = {}
         self.job_args: list[str] | None = None
 
     @cached_property
@@ -387,7 +387,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         """The closing line of a job that succeeded, then what a subclass adds; the task's return value."""
         self.log.info("%s", closing_line(submission_id, "SUCCEEDED", self.jobs.wall_seconds(submission_id),
                                          returned(result) + note))
-        self.job_result = result
+        self.job_result = result if isinstance(result, Mapping) else {}
         self.after_job(result)
         return result
 

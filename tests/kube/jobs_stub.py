@@ -2,7 +2,7 @@
 through the fake API server's service proxy (``url_for(cluster)`` is what to register).
 
 It answers what Ray 2.x's dashboard answers (``ray/dashboard/modules/job/job_head.py``) for the
-requests the provider's triggers make: ``GET /api/version``, ``GET /api/jobs/`` (every job of the cluster),
+requests the provider's triggers make: ``GET /api/jobs/`` (every job of the cluster),
 ``GET /api/jobs/{id}``, ``GET /api/jobs/{id}/logs`` (the whole log), ``POST /api/jobs/{id}/stop``
 and the WebSocket ``/api/jobs/{id}/logs/tail``: the log from its start in messages of at most
 10 lines, then each new piece as it is appended, closed once the job has ended and its log is
@@ -116,11 +116,6 @@ class JobsStub(ThreadedApp):
                 raise web.HTTPForbidden(text="Forbidden: Invalid authentication token")
         self.requests[(cluster, route)] += 1
 
-    async def _version(self, request: web.Request) -> web.Response:
-        """What Ray's ``JobSubmissionClient`` asks first (``_check_connection_and_version``)."""
-        self._count(request, "version")
-        return web.json_response({"version": "4", "ray_version": "2.60.0", "ray_commit": "stub"})
-
     async def _list(self, request: web.Request) -> web.Response:
         self._count(request, "list")
         return web.json_response([job.details() for job in self.jobs[request.match_info["cluster"]].values()])
@@ -177,7 +172,6 @@ class JobsStub(ThreadedApp):
         return ws
 
     def routes(self, app: web.Application) -> None:
-        app.router.add_get("/{cluster}/api/version", self._version)
         app.router.add_get("/{cluster}/api/jobs/", self._list)
         app.router.add_get("/{cluster}/api/jobs/{id}", self._get)
         app.router.add_get("/{cluster}/api/jobs/{id}/logs", self._logs)
