@@ -44,6 +44,9 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "demo_wall_time": ("`make demo` end to end, wall time per task", []),
     "base_install": ("`pip install airflow-provider-raytpu` (base) into a fresh venv: time, size, Ray or not, "
                      "vs the release with ray[default] in the base dependencies", ["--rounds", "1"]),
+    "preprocess_pass": ("the preprocessing job's workload vs the same Ray Data pipeline written by hand, JSONL from "
+                        "GCS over TLS: rows/s and input bytes read / input size",
+                        ["--rows", "20000", "--rounds", "1"]),
 }
 
 

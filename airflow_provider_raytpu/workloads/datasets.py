@@ -11,6 +11,7 @@ from airflow_provider_raytpu.workloads.storage import Location, resolve
 
 if TYPE_CHECKING:
     import ray.data
+    from ray.data.datasource.datasink import WriteResult
 
 FORMATS = ("parquet", "jsonl")
 
@@ -48,8 +49,10 @@ def read_dataset(uri: str, fmt: str | None = None, **read_args: Any) -> ray.data
     return ray.data.read_json(location.path, filesystem=location.filesystem, **read_args)
 
 
-def write_parquet_replacing(dataset: ray.data.Dataset, uri: str, owner: str = "", **write_args: Any) -> Location:
-    """Write ``dataset`` as parquet so that ``uri`` ends up holding exactly this output.
+def write_parquet_replacing(dataset: ray.data.Dataset, uri: str, owner: str = "",
+                            **write_args: Any) -> tuple[Location, WriteResult]:
+    """Write ``dataset`` as parquet so that ``uri`` ends up holding exactly this output; where, and what the
+    write reported (:class:`~airflow_provider_raytpu.workloads.row_tally.CountingParquetSink`).
 
     A retried or re-run job replaces the output its task wrote before instead of adding
     duplicate rows; a prefix holding anything else is refused, and a job that dies while
@@ -60,8 +63,18 @@ def write_parquet_replacing(dataset: ray.data.Dataset, uri: str, owner: str = ""
     :param dataset: the dataset to write.
     :param uri: the output directory / prefix (not a whole bucket).
     :param owner: the task writing it; only an earlier output of the same owner is replaced.
-    :param write_args: passed on to ``Dataset.write_parquet``.
+    :param write_args: passed on to ``Dataset.write_datasink`` (``ray_remote_args``, ``concurrency``).
     :raises OutputNotOwnedError: the prefix holds files this task did not write.
     """
-    return replace_output(uri, owner,
-                          lambda at: dataset.write_parquet(at.path, filesystem=at.filesystem, **write_args))
+    from airflow_provider_raytpu.workloads.row_tally import CountingParquetSink
+
+    sink = None
+
+    def write(at: Location) -> None:
+        nonlocal sink
+        sink = CountingParquetSink(at.path, filesystem=at.filesystem)
+        dataset.write_datasink(sink, **write_args)
+
+    target = replace_output(uri, owner, write)
+    assert sink is not None and sink.written is not None, "replace_output writes once, and the write reports"
+    return target, sink.written

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ from airflow_provider_raytpu.workloads.storage import Location, delete_prefix, r
 RECORD_NAME = "_raytpu_output.json"
 TEMP_SUFFIX = ".raytpu-tmp"
 SHOWN_FILES = 5
+MOVES_AT_ONCE = 16
 
 
 class OutputNotOwnedError(Exception):
@@ -118,11 +120,14 @@ def claim(location: Location, owner: str) -> OutputRecord | None:
 
 
 def _delete(location: Location, names: Sequence[str]) -> None:
-    for name in names:
+    def delete(name: str) -> None:
         try:
             location.filesystem.delete_file(posixpath.join(location.path, name))
         except FileNotFoundError:
             pass
+
+    with ThreadPoolExecutor(MOVES_AT_ONCE) as pool:
+        list(pool.map(delete, names))
 
 
 def finish_interrupted_swap(location: Location, record: OutputRecord) -> OutputRecord:
@@ -166,12 +171,17 @@ def replace_output(uri: str, owner: str, write: Callable[[Location], Any]) -> Lo
 
 
 def _move_in(source: Location, target: Location, names: Sequence[str]) -> None:
-    """Move the files ``names`` from ``source`` to the same names under ``target`` (on GCS: copy, then delete)."""
-    for name in names:
+    """Move the files ``names`` from ``source`` to the same names under ``target`` (on GCS: copy, then delete),
+    several at once: each is a round trip to the store."""
+
+    def move(name: str) -> None:
         destination = target.child(name)
         if isinstance(target.filesystem, pafs.LocalFileSystem):
             target.filesystem.create_dir(posixpath.dirname(destination.path), recursive=True)
         target.filesystem.move(source.child(name).path, destination.path)
+
+    with ThreadPoolExecutor(MOVES_AT_ONCE) as pool:
+        list(pool.map(move, names))
 
 
 def clear_temporary(temporary: Location, owner: str) -> None:

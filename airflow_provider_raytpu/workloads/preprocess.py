@@ -13,6 +13,9 @@ The transform is ``"package.module:name"``:
   as a pool of ``--concurrency`` actors, each with its own resources, e.g. one TPU host
   per actor with ``--num-tpus-per-actor 4``.
 
+The input is read once: the rows read and written are counted in the pass that transforms and
+writes (:mod:`~airflow_provider_raytpu.workloads.row_tally`).
+
 Re-running for the same output URI replaces the output its task (``--owner``) wrote there,
 and refuses a prefix holding anything else (see
 :func:`~airflow_provider_raytpu.workloads.outputs.replace_output`); an output that overlaps
@@ -97,13 +100,18 @@ def _remote_args(spec: PreprocessSpec) -> dict[str, Any]:
     return args
 
 
-def transform_dataset(dataset: Any, spec: PreprocessSpec) -> Any:
-    """Apply the spec's transform to ``dataset`` with ``map_batches`` (tasks or an actor pool).
+def transform_dataset(dataset: Any, spec: PreprocessSpec, tally: Any = None) -> Any:
+    """Apply the spec's transform to ``dataset`` with ``map_batches`` (tasks or an actor pool), after a step that
+    counts the rows it reads (:func:`~airflow_provider_raytpu.workloads.row_tally.counted`).
 
     :param dataset: a ``ray.data.Dataset``.
     :param spec: the job description.
+    :param tally: the :class:`~airflow_provider_raytpu.workloads.row_tally.RowTally` the counting step reports to
+        (``None``: the write returns the count, :func:`counted_in_one_task`).
     """
     from ray.data import ActorPoolStrategy, TaskPoolStrategy
+
+    from airflow_provider_raytpu.workloads.row_tally import counted
 
     transform = load_object(spec.transform)
     options: dict[str, Any] = {"batch_format": spec.batch_format, **_remote_args(spec)}
@@ -114,13 +122,21 @@ def transform_dataset(dataset: Any, spec: PreprocessSpec) -> Any:
             raise TypeError(f"{spec.transform} is a class without __call__(batch)")
         options["compute"] = ActorPoolStrategy(size=spec.concurrency or 1)
         options["fn_constructor_kwargs"] = spec.transform_kwargs
+        counting: dict[str, Any] = {}  # a task step fuses into an actor at any concurrency
     elif callable(transform):
-        if spec.concurrency is not None:
-            options["compute"] = TaskPoolStrategy(size=spec.concurrency)
-        options["fn_kwargs"] = spec.transform_kwargs
+        counting = {"compute": TaskPoolStrategy(size=spec.concurrency)}  # tasks fuse at the same concurrency only
+        options.update(counting, fn_kwargs=spec.transform_kwargs)
     else:
         raise TypeError(f"{spec.transform} is neither a function nor a callable class")
-    return dataset.map_batches(transform, **options)
+    return counted(dataset, tally, **counting, **_remote_args(spec)).map_batches(transform, **options)
+
+
+def counted_in_one_task(spec: PreprocessSpec, transform: Any) -> bool:
+    """Whether the counting step, the transform and the write run as one task: for a function without a
+    concurrency cap. (Ray 2.60 fuses a capped function with its write, then gives the fused operator the default
+    compute, ``operator_fusion._get_fused_map_operator``: the counting step would lift the cap. An actor pool is
+    never fused with the write.) Otherwise the counting step reports to a ``RowTally``."""
+    return not inspect.isclass(transform) and spec.concurrency is None
 
 
 def run_preprocess(spec: PreprocessSpec) -> dict[str, Any]:
@@ -132,19 +148,31 @@ def run_preprocess(spec: PreprocessSpec) -> dict[str, Any]:
     started = time.monotonic()
     connected = connect()
     try:
+        import ray
+
+        from airflow_provider_raytpu.workloads.row_tally import rows_read, start_tally
+
         source = read_dataset(spec.input_uri, spec.input_format)
-        rows_in = source.count()
-        target = write_parquet_replacing(transform_dataset(source, spec), spec.output_uri, spec.owner)
-        rows_out = read_dataset(target.uri, "parquet").count() if rows_in else 0
+        in_one_task = counted_in_one_task(spec, load_object(spec.transform))
+        tally = None if in_one_task else start_tally()
+        try:
+            write = {"ray_remote_args": _remote_args(spec)} if in_one_task else {}  # the same: Ray fuses them
+            target, written = write_parquet_replacing(transform_dataset(source, spec, tally), spec.output_uri,
+                                                      spec.owner, **write)
+            rows_in = rows_read(written, tally)
+        finally:
+            if tally is not None:
+                ray.kill(tally)
+        if rows_in is None:
+            print("Not every write task counted the rows it read; counting the input again", file=sys.stderr)
+            rows_in = source.count()
     finally:
         if connected:
-            import ray
-
             ray.shutdown()
     seconds = time.monotonic() - started
     return {
         "rows_in": rows_in,
-        "rows_out": rows_out,
+        "rows_out": int(written.num_rows),
         "output_uri": target.uri,
         "seconds": round(seconds, 3),
         "rows_per_second": round(rows_in / seconds, 3) if seconds > 0 else None,

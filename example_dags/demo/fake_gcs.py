@@ -60,11 +60,14 @@ class FakeGcsServer:
     :param startup_timeout: seconds to wait for the "server started" line.
     :param host: the address to listen on (and to advertise), e.g. one that other network
         namespaces of this machine reach.
+    :param external_url: the URL it gives clients for uploads (its own by default), e.g. a proxy's in front of it.
     """
 
-    def __init__(self, port: int | None = None, startup_timeout: float = 30.0, host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int | None = None, startup_timeout: float = 30.0, host: str = "127.0.0.1",
+                 external_url: str | None = None) -> None:
         self.host = host
         self.port = port or _free_port(host)
+        self.external_url = external_url
         self.startup_timeout = startup_timeout
         self._process: subprocess.Popen[str] | None = None
         self._output: deque[str] = deque(maxlen=200)
@@ -98,7 +101,7 @@ class FakeGcsServer:
                 "-scheme", "http",
                 "-host", self.host,
                 "-port", str(self.port),
-                "-external-url", self.url,
+                "-external-url", self.external_url or self.url,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

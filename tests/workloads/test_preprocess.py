@@ -83,6 +83,43 @@ def test_callable_class_runs_as_an_actor_pool_on_tpu_hosts(ray_client: EmulatedS
     assert set(rows["tag"]) == {"from-kwargs"}
 
 
+NOT_COUNTED = "counting the input again"
+
+
+@pytest.mark.parametrize(("transform", "placement"), [
+    ("even_ids", {}),  # counting step, transform and write in one task: the write returns the count
+    ("even_ids", {"num_tpus_per_actor": 4}),  # the same, on TPU hosts
+    ("even_ids", {"num_tpus_per_actor": 4, "concurrency": 2}),  # capped tasks: the count goes to the tally
+    ("EvenIds", {"num_tpus_per_actor": 4, "concurrency": 2}),  # an actor pool, one actor per TPU host: the tally
+])
+def test_rows_in_and_out_are_counted_in_the_pass_that_writes(ray_client: EmulatedSlice, raw_jsonl: str,
+                                                             tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             transform: str, placement: dict) -> None:
+    """A transform that drops half its rows: rows read and rows written both come from the one pass."""
+    spec = PreprocessSpec(raw_jsonl, str(tmp_path / "even"), f"tests.workloads.transforms_for_tests:{transform}",
+                          batch_size=64, **placement)
+    result = run_preprocess(spec)
+    assert (result["rows_in"], result["rows_out"]) == (ROWS, ROWS // 2)
+    assert NOT_COUNTED not in capsys.readouterr().err
+    assert read_output(spec.output_uri)["id"] == list(range(0, ROWS, 2))
+
+
+@pytest.mark.parametrize("placement", [{}, {"concurrency": 1}], ids=["write-returns", "tally"])
+def test_a_task_run_again_after_its_worker_died_is_counted_once(ray_client: EmulatedSlice, raw_jsonl: str,
+                                                                tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                placement: dict) -> None:
+    """The worker dies after the counting step counted the block it read: the task's second run replaces that
+    count instead of adding to it."""
+    marker = tmp_path / "crashed"
+    spec = PreprocessSpec(raw_jsonl, str(tmp_path / "out"), "tests.workloads.transforms_for_tests:crash_once",
+                          batch_size=100, transform_kwargs={"marker": str(marker)}, **placement)
+    result = run_preprocess(spec)
+    assert marker.exists()  # it did crash once
+    assert (result["rows_in"], result["rows_out"]) == (ROWS, ROWS)
+    assert NOT_COUNTED not in capsys.readouterr().err
+    assert read_output(spec.output_uri)["id"] == list(range(ROWS))
+
+
 def test_gcs_job_replaces_its_output_on_rerun(ray_slice: EmulatedSlice, fake_gcs: GcsStorage, raw_jsonl: str) -> None:
     output = fake_gcs.uri("embedded")
     prefix = output.split("/", 3)[3]

@@ -19,7 +19,8 @@ from tests.gcs import GcsStorage
 from tests.workloads.conftest import REPO, SLICE, driver_env
 from tests.workloads.ray_slice import EmulatedSlice
 
-WORKLOADS = ("batches", "checkpoints", "datasets", "loading", "preprocess", "result", "session", "storage", "train")
+WORKLOADS = ("batches", "checkpoints", "datasets", "loading", "preprocess", "result", "row_tally", "session", "storage",
+             "train")
 
 
 def imported_after(statement: str) -> set[str]:

@@ -40,3 +40,25 @@ class WhereAmI:
             "tpu_worker_id": np.asarray([self.tpu_worker_id] * rows, dtype=object),
             "tag": np.asarray([self.tag] * rows, dtype=object),
         }
+
+
+def even_ids(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Stateless: only the rows with an even ``id``."""
+    keep = np.asarray(batch["id"]) % 2 == 0
+    return {"id": np.asarray(batch["id"])[keep], "y": np.asarray(batch["y"])[keep]}
+
+
+class EvenIds:
+    """Stateful :func:`even_ids` (an actor pool)."""
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return even_ids(batch)
+
+
+def crash_once(batch: dict[str, np.ndarray], marker: str) -> dict[str, np.ndarray]:
+    """Kill the worker process at the first batch it is ever given (``marker`` not there yet), as a lost host
+    would; Ray then runs the task again."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(1)
+    return {"id": np.asarray(batch["id"])}
