@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256s
 PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
 UV_VERSION := 0.13.8
 
-.PHONY: install demo test test-full docs test-unit test-kube test-k8s test-ray test-deploy k8s-binaries kuberay-samples kueue bench constraints clean
+.PHONY: install demo lint test test-full docs test-unit test-kube test-k8s test-ray test-deploy k8s-binaries kuberay-samples kueue bench constraints clean
 
 install: $(STAMP)
 
@@ -28,7 +28,12 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(PY) example_dags/demo/run.py
 
-test: install k8s-binaries docs test-unit test-kube test-k8s test-ray test-deploy
+test: install lint k8s-binaries docs test-unit test-kube test-k8s test-ray test-deploy
+
+# ruff over the repository; mypy, strict, over the package (its settings and third-party gaps: pyproject.toml).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # Everything `make test` runs: it leaves nothing out for CI's budget any more (nightly_embeddings, the
 # preempted-host + promotion run of nightly_finetune and two-slice training that loses a slice, all on the real

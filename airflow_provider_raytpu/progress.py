@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+
+
+class TaskLog(Protocol):
+    """A task's logger: the standard library's, or the structlog logger Airflow gives a task as ``self.log``."""
+
+    def info(self, msg: str, /, *args: Any) -> Any: ...
+
+    def warning(self, msg: str, /, *args: Any) -> Any: ...
 
 #: Seconds between progress lines: under 10 s, leaving room for the read that gives the detail.
 PROGRESS_SECONDS = 8.0
@@ -61,7 +68,7 @@ class Heartbeat:
 
 
 @contextlib.contextmanager
-def progress(log: logging.Logger | Any, what: str, detail: Callable[[], str] | None = None,
+def progress(log: TaskLog, what: str, detail: Callable[[], str] | None = None,
              every: float = PROGRESS_SECONDS) -> Iterator[None]:
     """Log ``"<what>: <detail> (<n> s)"`` every ``every`` seconds while the block runs.
 
@@ -108,7 +115,7 @@ def progress(log: logging.Logger | Any, what: str, detail: Callable[[], str] | N
             thread.join(every)
 
 
-async def with_heartbeat(items: AsyncIterator[T], heartbeat: Heartbeat) -> AsyncIterator[T | None]:
+async def with_heartbeat(items: AsyncIterator[T], heartbeat: Heartbeat) -> AsyncGenerator[T | None, None]:
     """Yield each item of ``items``, and ``None`` whenever ``heartbeat`` comes due without one.
 
     For a watch that yields only on change: on ``None`` the consumer logs its progress (or

@@ -19,7 +19,7 @@ from typing import Any
 from airflow_provider_raytpu.capacity import ON_DEMAND, SPOT, Capacity
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.gke_tpu import GKE_TOPOLOGIES, HOST_MACHINES, MACHINE_TYPES, MachineType, offered_shapes
-from airflow_provider_raytpu.values import parse_bool, parse_int, parse_optional_int
+from airflow_provider_raytpu.values import parse_bool, parse_int, parse_optional_int, plural
 
 CHIPS_PER_HOST = 4
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
@@ -27,14 +27,10 @@ GKE_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 TPU_RESOURCE = "google.com/tpu"
 #: The most slices one RayCluster takes: more than the largest multislice runs published (199 v5e slices).
 MAX_SLICES = 256
+TOO_MANY_SLICES = ": a typo, or several clusters' worth of TPU slices in one"
 
 # v5e/v6e topologies that fit on one host of up to 8 chips.
 _SINGLE_HOST_TOPOLOGIES = ("1x1", "2x2", "2x4")
-
-
-def plural(count: int, noun: str) -> str:
-    """``"1 host"``, ``"2 hosts"``."""
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _larger_3d_topologies(max_x: int, max_y: int, max_z: int) -> frozenset[str]:
@@ -258,8 +254,7 @@ class TpuSlice:
     def __post_init__(self) -> None:
         generation = parse_generation(self.accelerator)
         topology = parse_topology(self.topology, generation)
-        num_slices = parse_int(self.num_slices, "num_slices", maximum=MAX_SLICES,
-                               why_maximum=": a typo, or several clusters' worth of TPU slices in one")
+        num_slices = parse_int(self.num_slices, "num_slices", maximum=MAX_SLICES, why_maximum=TOO_MANY_SLICES)
         spot = parse_bool(self.spot, "spot")
         chips_per_host = parse_optional_int(self.chips_per_host, "chips_per_host", example=4)
         allowed = _allowed_chips_per_host(generation, topology)
@@ -277,6 +272,14 @@ class TpuSlice:
         object.__setattr__(self, "spot", capacity.kind == SPOT)
         object.__setattr__(self, "chips_per_host", chips_per_host)
         object.__setattr__(self, "capacity", capacity)
+
+    @classmethod
+    def from_fields(cls, accelerator: str, topology: str, num_slices: int | str = 1, spot: bool | str = False,
+                    chips_per_host: int | str | None = None, capacity: Capacity | str | None = None) -> TpuSlice:
+        """The slice a task's fields declare, as written or as their templates rendered (strings)."""
+        slices = parse_int(num_slices, "num_slices", maximum=MAX_SLICES, why_maximum=TOO_MANY_SLICES)
+        chips = parse_optional_int(chips_per_host, "chips_per_host", example=4)
+        return cls(accelerator, topology, slices, parse_bool(spot, "spot"), chips, Capacity.parse(capacity))
 
     @cached_property
     def generation(self) -> Generation:
@@ -381,13 +384,10 @@ class TpuSlice:
             raise InvalidInputError("tpu", data, "is not a slice description", "Pass TpuSlice.to_dict() output")
         known = {"accelerator", "topology", "num_slices", "spot", "chips_per_host", "capacity"}
         if unknown := sorted(set(data) - known):
-            raise InvalidInputError(
-                "tpu", data, f"has unknown keys {unknown}", f"Use only {sorted(known)}"
-            )
-        missing = sorted({"accelerator", "topology"} - set(data))
-        if missing:
+            raise InvalidInputError("tpu", data, f"has unknown keys {unknown}", f"Use only {sorted(known)}")
+        if missing := sorted({"accelerator", "topology"} - set(data)):
             raise InvalidInputError("tpu", data, f"lacks {missing}", "Give accelerator and topology")
-        return cls(**data)
+        return cls.from_fields(**data)
 
 
 def _capacity(spot: bool, capacity: Any) -> Capacity:

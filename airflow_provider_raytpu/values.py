@@ -28,7 +28,9 @@ def parse_int(value: Any, field: str, *, minimum: int = 1, example: int = 2, max
     if number < minimum:
         raise InvalidInputError(field, value, f"must be at least {minimum}", f"Write a number such as {example}")
     if maximum is not None and number > maximum:
-        raise InvalidInputError(field, value, f"is more than {maximum}{why_maximum}", f"Write a number such as {example}")
+        raise InvalidInputError(
+            field, value, f"is more than {maximum}{why_maximum}", f"Write a number such as {example}"
+        )
     return number
 
 
@@ -110,3 +112,8 @@ def check_prices(prices: Any, field: str = "chip_hour_prices") -> dict[str, dict
                                 f"Give {example}")
     return {str(generation): {str(kind): float(price) for kind, price in kinds.items()}
             for generation, kinds in prices.items()}
+
+
+def plural(count: int, noun: str) -> str:
+    """``"1 host"``, ``"2 hosts"``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -1,4 +1,5 @@
-"""The triggerer side of ``triggerer_capacity.py``: one process, one event loop, N triggers, as Airflow's triggerer runs them.
+"""The triggerer side of ``triggerer_capacity.py``: one process, one event loop, N triggers, as Airflow's
+triggerer runs them.
 
 Variants: ``watch`` (ours: ``RayClusterReadyTrigger``) and ``poll`` (the baseline: the pattern of
 the cncf-kubernetes provider's ``KubernetesJobTrigger``: a cached ``AsyncKubernetesHook`` and, every
@@ -186,6 +187,7 @@ def triggerer_main(conn: Any, kube_connection: str, variant: str, clusters: int,
     # runner, the trigger's module) plus the Kubernetes clients both variants use.
     import airflow.jobs.triggerer_job_runner  # noqa: F401
     import airflow.providers.cncf.kubernetes.hooks.kubernetes  # noqa: F401
+
     import airflow_provider_raytpu.backends.kuberay  # noqa: F401
     import airflow_provider_raytpu.triggers.raycluster  # noqa: F401
 

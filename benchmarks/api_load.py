@@ -42,7 +42,8 @@ def counts(server: Any) -> collections.Counter:
     for req in server.requests:
         kind = "watch" if req.watch else ("list pods" if req.path.endswith("/pods") else
                                           "list rayclusters" if req.path.endswith("/rayclusters") else
-                                          "get raycluster" if "/rayclusters/" in req.path else f"{req.method} {req.path}")
+                                          "get raycluster" if "/rayclusters/" in req.path else
+                                          f"{req.method} {req.path}")
         found[kind] += 1
     return found
 

@@ -46,7 +46,8 @@ from airflow.dag_processing.dagbag import DagBag
 t1 = time.perf_counter()
 before = set(sys.modules)
 t2 = time.perf_counter()
-bag = DagBag(dag_folder=sys.argv[1], include_examples=False) if "include_examples" in DagBag.__init__.__code__.co_varnames else DagBag(dag_folder=sys.argv[1])
+bag = (DagBag(dag_folder=sys.argv[1], include_examples=False)
+       if "include_examples" in DagBag.__init__.__code__.co_varnames else DagBag(dag_folder=sys.argv[1]))
 t3 = time.perf_counter()
 new = sorted(set(sys.modules) - before)
 shape = None
@@ -67,7 +68,7 @@ def parse_once(path: Path, want_shape: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=str(_common.REPO), timeout=600)
     wall = time.perf_counter() - t0
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("RAYTPU_PARSE ")), None)
+    line = next((text for text in proc.stdout.splitlines() if text.startswith("RAYTPU_PARSE ")), None)
     if proc.returncode != 0 or line is None:
         raise RuntimeError(f"parsing {path.name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     out = json.loads(line[len("RAYTPU_PARSE "):])
@@ -146,7 +147,8 @@ def main() -> None:
                 "dags": first["dags"],
                 "tasks": tasks,
                 "parse_s": {"ours_median": med(ours_runs, "parse_s"), "bare_median": med(bare_runs, "parse_s"),
-                            "ours_all": [r["parse_s"] for r in ours_runs], "bare_all": [r["parse_s"] for r in bare_runs]},
+                            "ours_all": [r["parse_s"] for r in ours_runs],
+                            "bare_all": [r["parse_s"] for r in bare_runs]},
                 "interpreter_wall_s": {"ours_median": med(ours_runs, "interpreter_wall_s"),
                                        "bare_median": med(bare_runs, "interpreter_wall_s")},
                 "airflow_core_import_s_median": med(ours_runs + bare_runs, "airflow_import_s"),

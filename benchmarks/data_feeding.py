@@ -247,7 +247,7 @@ def run_size(args: argparse.Namespace, columns: int, bytes_per_column: int) -> d
 def summarise(result: _common.Result, runs: list[list[dict[str, Any]]], batch_size: int) -> None:
     """Summary rows: for each size, the median over runs of each run's figure."""
     median = statistics.median
-    for sizes in zip(*runs):
+    for sizes in zip(*runs, strict=True):
         first = sizes[0]
         label = f"{first['columns']} cols x {_size(first['bytes_per_column'])}/col ({first['batch_mib']:.3g} MiB batch)"
         how = f"measured; median of {len(runs)} runs; ratio: of {len(first['rows_per_s']['ours'])} paired rounds each"
@@ -259,7 +259,8 @@ def summarise(result: _common.Result, runs: list[list[dict[str, Any]]], batch_si
             result.add(f"{label}: rows/s", ours, median(median(s["rows_per_s"][base]) for s in sizes), "rows/s",
                        baseline_name=name, lower_is_better=False, how=how)
             result.data["summary"][-1]["ratio"] = median(
-                median(o / b for o, b in zip(s["rows_per_s"]["ours"], s["rows_per_s"][base])) for s in sizes)
+                median(o / b for o, b in zip(s["rows_per_s"]["ours"], s["rows_per_s"][base], strict=True))
+                for s in sizes)
         share = {name: 100 * median(median(t["wait_s"] / t["epoch_s"] for t in s["train"][name]) for s in sizes)
                  for name in ("ours", "ray")}
         result.add(f"{label}: data wait with the train step, % of epoch", share["ours"], share["ray"], "%",
@@ -329,7 +330,7 @@ def run_child(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     finally:
         if not had_token and token.exists() and token.stat().st_mtime >= started - 1:
             token.unlink()  # ours: leave no token behind for other Ray users of this account
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("RAYTPU_FEED ")), None)
+    line = next((text for text in proc.stdout.splitlines() if text.startswith("RAYTPU_FEED ")), None)
     if proc.returncode != 0 or line is None:
         print(proc.stdout[-3000:], proc.stderr[-5000:], file=sys.stderr)
         raise SystemExit(f"the data feeding child failed ({proc.returncode})")

@@ -161,7 +161,8 @@ async def many_jobs(jobs: Any, clusters: list[str], per_cluster: int, window: fl
     events = await asyncio.gather(*tasks)
     ticks = took / TICK
     status_requests = sum(v for (c, route), v in made.items() if route in ("list", "get"))
-    return {"jobs": len(ids), "window_s": took, "ticks": ticks, "requests": {f"{c} {r}": v for (c, r), v in made.items()},
+    return {"jobs": len(ids), "window_s": took, "ticks": ticks,
+            "requests": {f"{c} {r}": v for (c, r), v in made.items()},
             "status_requests_per_cluster_per_tick": status_requests / len(clusters) / ticks,
             "log_downloads_per_job_per_tick": sum(v for (c, r), v in made.items() if r == "logs") / len(ids) / ticks,
             "statuses": sorted({e["status"] for e in events})}

@@ -63,7 +63,8 @@ def run(name: str, extra: list[str], repeat: int = 1) -> dict[str, Any]:
     started = time.time()
     returncode, kept = 0, []
     for k in range(repeat):
-        print(f"\n=== {name} ({k + 1}/{repeat}): {' '.join(['.venv/bin/python', f'benchmarks/{script_name}.py', *extra])}",
+        print(f"\n=== {name} ({k + 1}/{repeat}): "
+              f"{' '.join(['.venv/bin/python', f'benchmarks/{script_name}.py', *extra])}",
               flush=True)
         t0 = time.time()
         proc = subprocess.run([_common.PYTHON, str(script), *extra], cwd=str(_common.REPO))
@@ -250,7 +251,8 @@ def _findings() -> list[str]:
                    f"{r['rss_mib']:.0f} MiB in all, of which {r['floor_rss_mib']:.0f} MiB is the floor "
                    f"(interpreter, Airflow, Kubernetes clients) and {r['rss_per_sensor_kib']:.0f} KiB per sensor; all "
                    f"watching {r['all_watching_s']:.2f} s after they started at once; the loop's longest stall then "
-                   f"{lag.get('max_ms', 0):.0f} ms, of which the longest garbage collection {lag.get('gc_max_ms', 0):.0f} "
+                   f"{lag.get('max_ms', 0):.0f} ms, of which the longest garbage collection "
+                   f"{lag.get('gc_max_ms', 0):.0f} "
                    f"ms ({lag.get('gc_full_collections', 0)} full collection(s) of the whole heap); "
                    f"{r['connections_opened_to_establish']} connection(s) opened to the API server.")
     return out + _feeding_findings()
@@ -270,7 +272,8 @@ def _feeding_findings() -> list[str]:
         return []
 
     def misses(figures: dict[str, float], goal: float, above: bool = True) -> str:
-        missed = [f"{size} ({value:.3g})" for size, value in figures.items() if (value < goal if above else value > goal)]
+        missed = [f"{size} ({value:.3g})" for size, value in figures.items()
+                  if (value < goal if above else value > goal)]
         return "met at every size" if not missed else "missed at " + "; ".join(missed)
 
     return [f"- data_feeding goals: >= 1.3x Ray's iter_jax_batches rows/s {misses(vs_ray, 1.3)}; >= 1.0x the "

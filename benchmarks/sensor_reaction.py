@@ -98,7 +98,7 @@ async def ours_cluster(server: Any, reactor: Any, backend: Any, clock: ChangeClo
         await asyncio.to_thread(backend.apply_cluster, _common.cluster_manifest(name))
         trigger = RayClusterReadyTrigger(name, NS, CONN, time.time() + 60)
         task = asyncio.create_task(first_event(trigger))
-        await wait_until(lambda: server.open_watches == 1 or task.done())
+        await wait_until(lambda task=task: server.open_watches == 1 or task.done())
         await asyncio.sleep(random.uniform(0.0, 0.1))
         reactor.set_mode("auto", cluster=name, namespace=NS)
         payload, fired = await task
@@ -158,7 +158,7 @@ async def ours_service(server: Any, reactor: Any, backend: Any, clock: ChangeClo
         await asyncio.to_thread(play.deploy_initializing)
         trigger = RayServiceRunningTrigger(play.name, NS, CONN, time.time() + 60)
         task = asyncio.create_task(first_event(trigger))
-        await wait_until(lambda: server.open_watches == 1 or task.done())
+        await wait_until(lambda task=task: server.open_watches == 1 or task.done())
         await asyncio.sleep(random.uniform(0.0, 0.1))
         await asyncio.to_thread(play.promote)
         payload, fired = await task
@@ -309,7 +309,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20, help="trials of our triggers (each kind)")
     parser.add_argument("--measure", default="5,10,30", help="poll intervals (s) to measure, comma-separated")
     parser.add_argument("--derive", default="60", help="poll intervals (s) to derive analytically only")
-    parser.add_argument("--poll-loops", type=int, default=12, help="concurrent poll loops (trials) per measured interval")
+    parser.add_argument("--poll-loops", type=int, default=12,
+                        help="concurrent poll loops (trials) per measured interval")
     parser.add_argument("--delay", type=float, default=0.05, help="reactor: seconds until pods become ready")
     args = parser.parse_args()
     _common.quiet_logs()

@@ -49,7 +49,8 @@ def ask(conn: Any, *msg: Any, timeout: float = 600.0) -> Any:
 
 
 def requests_between(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {verb: after.get(verb, 0) - before.get(verb, 0) for verb in after if after.get(verb, 0) != before.get(verb, 0)}
+    return {verb: after.get(verb, 0) - before.get(verb, 0) for verb in after
+            if after.get(verb, 0) != before.get(verb, 0)}
 
 
 def run_one(variant: str, clusters: int, tls: bool, args: argparse.Namespace) -> dict[str, Any]:
@@ -156,7 +157,7 @@ def summarise(result: _common.Result, runs: list[dict[str, Any]], args: argparse
                 continue
             tag = f"{n} sensors, {transport.upper()}"
 
-            def row(metric: str, key: Any, unit: str, **kw: Any) -> None:
+            def row(metric: str, key: Any, unit: str, *, w: Any = w, p: Any = p, tag: str = tag, **kw: Any) -> None:
                 ours = key(w)
                 base = key(p) if p is not None else None
                 result.add(f"{tag}: {metric}", ours, base, unit, baseline_name=pl if p is not None else "", **kw)
@@ -168,8 +169,8 @@ def summarise(result: _common.Result, runs: list[dict[str, Any]], args: argparse
             row("loop lag max, triggerer restart", lambda r: r["restart_lag"].get("max_ms"), "ms")
             row("its longest garbage collection (a full one: the whole heap, Airflow's included)",
                 lambda r: r["restart_lag"].get("gc_max_ms"), "ms")
-            row("time blocked > 100 ms, triggerer restart", lambda r: r["restart_lag"].get("blocked_over_100ms_share", 0)
-                * 100, "% of the phase")
+            row("time blocked > 100 ms, triggerer restart",
+                lambda r: r["restart_lag"].get("blocked_over_100ms_share", 0) * 100, "% of the phase")
             row("loop lag max over a re-watch period (steady + re-watch; poll: 3 polls)",
                 lambda r: r["period_lag"].get("max_ms"), "ms")
             row("time blocked > 100 ms over that period",
@@ -221,7 +222,8 @@ def goals(result: _common.Result, runs: list[dict[str, Any]]) -> None:
         collected = by.get(("watch-collected", 1000, "tls"))
         result.goal("a triggerer restart with 1000 sensors: loop lag max <= 250 ms",
                     [("lag max", w["restart_lag"].get("max_ms"), 250, "ms")],
-                    note=f"a fresh interpreter; its longest garbage collection {w['restart_lag'].get('gc_max_ms', 0):.0f}"
+                    note=f"a fresh interpreter; its longest garbage collection "
+                         f"{w['restart_lag'].get('gc_max_ms', 0):.0f}"
                          " ms" + (f"; {collected['restart_lag'].get('max_ms', float('nan')):.0f} ms with the startup "
                                   "garbage collected before" if collected else ""))
     r = by.get(("watch-restart", 1000, "tls"))
@@ -245,7 +247,8 @@ def main() -> None:
     parser.add_argument("--steady", type=float, default=30.0, help="seconds of steady state measured")
     parser.add_argument("--poll-interval", type=float, default=10.0,
                         help="the baseline's interval (KubernetesJobTrigger's default) and ours when not watching")
-    parser.add_argument("--delay", type=float, default=0.05, help="reactor: seconds until the template's pods are ready")
+    parser.add_argument("--delay", type=float, default=0.05,
+                        help="reactor: seconds until the template's pods are ready")
     parser.add_argument("--establish-timeout", type=float, default=300.0)
     parser.add_argument("--fire-timeout", type=float, default=300.0)
     args = parser.parse_args()
@@ -275,7 +278,8 @@ def main() -> None:
         try:
             runs.append(run_one(variant, n, transport == "tls", args))
         except Exception as exc:
-            runs.append({"variant": variant, "triggers": n, "transport": transport, "error": f"{type(exc).__name__}: {exc}"})
+            runs.append({"variant": variant, "triggers": n, "transport": transport,
+                         "error": f"{type(exc).__name__}: {exc}"})
             print(f"    failed: {exc}", flush=True)
     result["runs"] = runs
     summarise(result, runs, args)

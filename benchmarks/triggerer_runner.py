@@ -144,6 +144,7 @@ def main() -> None:
     _, kube_connection = s_parent.recv()
     _common.point_connections_at(kube_connection, NS)
     import airflow.jobs.triggerer_job_runner  # noqa: F401
+
     import airflow_provider_raytpu.backends.kuberay  # noqa: F401
     import airflow_provider_raytpu.triggers.raycluster  # noqa: F401
 
@@ -151,8 +152,9 @@ def main() -> None:
         s_parent.send(msg)
         return s_parent.recv()
 
-    result = _common.Result("triggerer_runner_frozen" if args.freeze_before_fork else "triggerer_runner", {**vars(args), "transport": "tls", "runner": "Airflow's "
-                            "TriggerRunnerSupervisor (database calls replaced) forking its TriggerRunner"})
+    result = _common.Result("triggerer_runner_frozen" if args.freeze_before_fork else "triggerer_runner",
+                            {**vars(args), "transport": "tls", "runner": "Airflow's "
+                             "TriggerRunnerSupervisor (database calls replaced) forking its TriggerRunner"})
     work = Path(tempfile.mkdtemp(prefix="raytpu-bench-runner-"))
     logs, stop_file = work / "logs", work / "stop"
     logs.mkdir()
@@ -172,10 +174,11 @@ def main() -> None:
         floor = runner.memory_info().rss
         ids = list(range(1, args.sensors + 1))
         for i in ids:
-            RUN.workloads[i] = workload(supervisor, i, "airflow_provider_raytpu.triggers.raycluster.RayClusterReadyTrigger",
-                                        {"cluster_name": f"rc-{i - 1:04d}", "namespace": NS,
-                                         "raytpu_conn_id": "raytpu_default", "deadline": time.time() + 3600,
-                                         "poll_interval": 10.0}, logs)
+            RUN.workloads[i] = workload(
+                supervisor, i, "airflow_provider_raytpu.triggers.raycluster.RayClusterReadyTrigger",
+                {"cluster_name": f"rc-{i - 1:04d}", "namespace": NS,
+                 "raytpu_conn_id": "raytpu_default", "deadline": time.time() + 3600,
+                 "poll_interval": 10.0}, logs)
         t_start = time.time()
         RUN.wanted.update(ids)
         watching = serve_until(supervisor, lambda: ask("open_watches") >= 1 and

@@ -9,7 +9,7 @@ import json
 import sys
 import textwrap
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +59,9 @@ def not_plain(value: Any, where: str = "") -> list[str]:
 
 def run_xcoms(run: Any) -> dict[tuple[str, str], Any]:
     """Every XCom of the run as stored, by (task id, key): return values and link values."""
-    from sqlalchemy import select
-
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as session:
         rows = session.execute(
@@ -88,7 +87,6 @@ def task_links(run: Any, task_id: str, map_index: int = -1) -> dict[str, str | N
     from airflow.api_fastapi.core_api.routes.public.extra_links import get_extra_links
     from airflow.models.dagbag import DBDagBag
     from airflow.utils.session import create_session
-
     from fastapi import HTTPException
 
     with create_session() as session:
@@ -174,10 +172,9 @@ def run_dag(airflow_home: Path, source: str, dag_id: str, conf: dict[str, Any] |
 def lose_worker(dag_id: str, task_id: str) -> str:
     """What the scheduler does when a running task's worker stops heartbeating: fail the try,
     so it goes up for retry if it has retries left. Returns the run id."""
-    from sqlalchemy import select
-
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as session:
         ti = session.scalars(
@@ -185,17 +182,16 @@ def lose_worker(dag_id: str, task_id: str) -> str:
         ).one()
         assert str(ti.state) == "running", f"expected the killed try to be running, not {ti.state}"
         ti.state = "up_for_retry" if ti.try_number <= ti.max_tries else "failed"
-        ti.end_date = datetime.now(timezone.utc)
+        ti.end_date = datetime.now(UTC)
         return ti.run_id
 
 
 def clear_task(dag_id: str, task_id: str) -> str:
     """What a user's Clear of one task does (Airflow's own ``clear_task_instances``: the task starts a
     new cycle of tries); returns the run id. Carry the run on with :func:`resume_dag_run`."""
-    from sqlalchemy import select
-
     from airflow.models.taskinstance import TaskInstance, clear_task_instances
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as session:
         ti = session.scalars(
@@ -207,10 +203,9 @@ def clear_task(dag_id: str, task_id: str) -> str:
 
 def rendered_fields(dag_id: str, task_id: str) -> dict[str, Any]:
     """The task's rendered template fields as the UI shows them (the latest try's)."""
-    from sqlalchemy import select
-
     from airflow.models.renderedtifields import RenderedTaskInstanceFields
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as session:
         row = session.scalars(select(RenderedTaskInstanceFields).where(
@@ -221,13 +216,12 @@ def rendered_fields(dag_id: str, task_id: str) -> dict[str, Any]:
 def resume_dag_run(dag_path: Path, dag_id: str, run_id: str) -> dict[str, TaskOutcome]:
     """Carry an existing run on to its end, scheduling retries the way ``dag.test()`` does,
     but without the Clear that ``dag.test()`` starts with (a Clear is not a retry)."""
-    from sqlalchemy import select
-
     from airflow.models.dagrun import DagRun
     from airflow.sdk.definitions.dag import _run_task
     from airflow.serialization.serialized_objects import DagSerialization
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState, TaskInstanceState
+    from sqlalchemy import select
 
     dag = load_dag(dag_path, dag_id)
     with create_session() as session:

@@ -102,4 +102,5 @@ class GoogleStub:
 
     def gcp_connection(self, project: str) -> str:
         return json.dumps({"conn_type": "google_cloud_platform",
-                           "extra": {"keyfile_dict": json.dumps(self.service_account_key(project)), "project": project}})
+                           "extra": {"keyfile_dict": json.dumps(self.service_account_key(project)),
+                                     "project": project}})

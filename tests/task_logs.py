@@ -151,7 +151,7 @@ def silences(log: TaskLog, limit: float = SILENCE_LIMIT_SECONDS) -> list[str]:
     """Gaps longer than ``limit`` seconds between two lines while the task's code runs."""
     timed = running_lines(log)
     gaps = []
-    for before, after in zip(timed, timed[1:]):
+    for before, after in zip(timed, timed[1:], strict=False):
         seconds = (after.time - before.time).total_seconds()
         if seconds > limit:
             gaps.append(f"{seconds:.1f} s of silence after: {before.message[:160]}")

@@ -26,9 +26,9 @@ from airflow_provider_raytpu.errors import ConflictError, FatalError
 from airflow_provider_raytpu.manifests.raycluster import (
     ALSO_ADOPTS_ANNOTATION,
     DAG_ID_KEY,
-    MAP_INDEX_KEY,
     MANAGED_BY,
     MANAGED_BY_LABEL,
+    MAP_INDEX_KEY,
     RUN_ID_KEY,
     SPEC_HASH_ANNOTATION,
     TASK_ID_KEY,
@@ -63,7 +63,8 @@ class StaleWrite(Exception):
 
 
 class ObjectStore(Protocol):
-    """Where one kind of object lives, as :func:`apply_object` needs it."""
+    """Where one kind of object lives, as :func:`apply_object` needs it. A store that only creates, or never
+    recreates, subclasses it and leaves out the method its :class:`OnChange` does not use."""
 
     def get(self, name: str, namespace: str) -> dict[str, Any] | None:
         """The stored object, or ``None``."""
@@ -75,9 +76,11 @@ class ObjectStore(Protocol):
         """Replace the stored object; :class:`StaleWrite` when it changed since it was read.
 
         Needed only with :attr:`OnChange.REPLACE`."""
+        raise TypeError(f"{type(self).__name__} does not replace objects: apply it with another OnChange")
 
     def delete(self, name: str, namespace: str) -> bool:
         """Delete the object; ``False`` when it was already gone. Needed only with :attr:`OnChange.RECREATE`."""
+        raise TypeError(f"{type(self).__name__} does not delete objects: apply it with another OnChange")
 
 
 def wait_until_gone(kind: str, name: str, namespace: str, get: Callable[[str, str], Any],
@@ -207,9 +210,10 @@ def replacement(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[str,
     }
 
 
-def apply_object(store: ObjectStore, manifest: dict[str, Any], *, same: Callable[[dict[str, Any], dict[str, Any]], bool],
-                 owner: Sequence[str], on_change: OnChange, attempts: int = APPLY_ATTEMPTS,
-                 gone_timeout: float = GONE_TIMEOUT, poll_interval: float = GONE_POLL_SECONDS) -> ApplyResult:
+def apply_object(store: ObjectStore, manifest: dict[str, Any], *,
+                 same: Callable[[dict[str, Any], dict[str, Any]], bool], owner: Sequence[str], on_change: OnChange,
+                 attempts: int = APPLY_ATTEMPTS, gone_timeout: float = GONE_TIMEOUT,
+                 poll_interval: float = GONE_POLL_SECONDS) -> ApplyResult:
     """Create the object, adopt our own same one, or change our own different one if allowed.
 
     :param store: where objects of the manifest's kind live.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -33,19 +33,6 @@ class ApplyResult:
 
     action: Applied
     cluster: dict[str, Any]
-
-
-def service_config_problems(service: dict[str, Any]) -> list[str]:
-    """What in a RayService's Serve config cannot be scheduled on one of its slices, one line each."""
-    from airflow_provider_raytpu.manifests.raycluster import tpu_slice_of
-    from airflow_provider_raytpu.manifests.serve_preflight import serve_config_problems
-    from airflow_provider_raytpu.manifests.serveconfig import parse_serve_config
-
-    tpu = tpu_slice_of(service)
-    if tpu is None:
-        return []
-    config = parse_serve_config((service.get("spec") or {}).get("serveConfigV2"))
-    return [str(problem) for problem in serve_config_problems(config, tpu)]
 
 
 class ServiceBackend(abc.ABC):
@@ -86,7 +73,7 @@ class ServiceBackend(abc.ABC):
     @abc.abstractmethod
     def watch_service(
         self, name: str, namespace: str, version: str | None = None, poll_interval: float = 10.0
-    ) -> AsyncIterator[ServiceStatus]:
+    ) -> AsyncGenerator[ServiceStatus, None]:
         """Yield the service's status now and on every change, until the caller stops."""
 
     @abc.abstractmethod
@@ -189,7 +176,7 @@ class ClusterBackend(abc.ABC):
 
     @abc.abstractmethod
     def watch_cluster(self, name: str, namespace: str, poll_interval: float = 10.0, *,
-                      confirm_with_ray: bool = False) -> AsyncIterator[ClusterStatus]:
+                      confirm_with_ray: bool = False) -> AsyncGenerator[ClusterStatus, None]:
         """Yield the cluster's status now and on every change, until the caller stops (a status that is
         READY by its pods but not yet by Ray is read again every ``poll_interval`` seconds)."""
 
@@ -198,15 +185,6 @@ class ClusterBackend(abc.ABC):
         """:meth:`diagnose` without blocking the event loop."""
 
     def close(self) -> None:
-        """Release the clients this backend opened (a task calls it when it ends)."""
+        """Release the clients this backend opened (a task calls it when it ends); none by default."""
+        return None
 
-
-def backend_for(settings: ConnectionSettings) -> ClusterBackend:
-    """The backend a connection names; its module is imported only now, so DAG parsing stays cheap."""
-    if settings.backend == "local":
-        from airflow_provider_raytpu.backends.local import LocalBackend
-
-        return LocalBackend(settings)
-    from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
-
-    return KubeRayBackend(settings)

@@ -20,7 +20,7 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +53,12 @@ class LoopShared:
         """
         found = self._fresh(key, max_age)
         if found is not None:
-            return found[0]
+            return cast(T, found[0])
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             found = self._fresh(key, max_age)
             if found is not None:
-                return found[0]
+                return cast(T, found[0])
             if self._closed:
                 raise RuntimeError("the event loop's shared objects are closed")
             old = self._values.pop(key, None)

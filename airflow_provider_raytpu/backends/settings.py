@@ -100,7 +100,8 @@ class ConnectionSettings:
             if flag in values:
                 values[flag] = parse_bool(values[flag], f"connection {conn_id!r} extra.{flag}")
         if "local_max_hosts" in values:
-            values["local_max_hosts"] = parse_int(values["local_max_hosts"], f"connection {conn_id!r} extra.local_max_hosts")
+            values["local_max_hosts"] = parse_int(values["local_max_hosts"],
+                                                  f"connection {conn_id!r} extra.local_max_hosts")
         chain = values.get("impersonation_chain")
         if isinstance(chain, str) and "," in chain:
             values["impersonation_chain"] = [account.strip() for account in chain.split(",") if account.strip()]

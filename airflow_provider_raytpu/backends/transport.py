@@ -19,8 +19,8 @@ import importlib
 import json as jsonlib
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     import aiohttp
@@ -93,8 +93,10 @@ class HttpTransport(abc.ABC):
     answered: ``OSError`` and the like).
     """
 
-    #: Whether a 401/403 comes from Ray's own token authentication (and is explained as such).
-    ray_auth_errors = True
+    @property
+    def ray_auth_errors(self) -> bool:
+        """Whether a 401/403 comes from Ray's own token authentication (and is explained as such)."""
+        return True
 
     @property
     @abc.abstractmethod
@@ -207,7 +209,9 @@ async def shared_session(url: str) -> AsyncIterator[aiohttp.ClientSession]:
     from airflow_provider_raytpu.backends.loop_shared import loop_shared
 
     async def make() -> aiohttp.ClientSession:
-        aiohttp = await asyncio.to_thread(importlib.import_module, "aiohttp")
+        await asyncio.to_thread(importlib.import_module, "aiohttp")
+        import aiohttp
+
         return aiohttp.ClientSession()
 
     async def close(session: aiohttp.ClientSession) -> None:

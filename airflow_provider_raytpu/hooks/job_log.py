@@ -19,7 +19,8 @@ from typing import Any
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 # "(PlacementGroupCleaner pid=7244) ..." or "(RayTrainWorker pid=12, ip=10.0.0.3) ...": a line a Ray actor printed.
 _ACTOR_LINE = re.compile(r"^\((?P<actor>\w+) pid=\d+(?:, ip=[\d.]+)?\) ?(?P<text>.*)$")
-_TRACEBACK_LINE = re.compile(r"^(\s|Traceback \(most recent call last\)|Exception in thread |[\w.]+(Error|Exception)\b)")
+_TRACEBACK_LINE = re.compile(
+    r"^(\s|Traceback \(most recent call last\)|Exception in thread |[\w.]+(Error|Exception)\b)")
 # Tracebacks of Ray's own actors that are expected and harmless: one line says what happened instead.
 KNOWN_RAY_TRACEBACKS = {
     "PlacementGroupCleaner": (

@@ -36,12 +36,12 @@ import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_provider_raytpu.backends.transport import UPLOAD_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:
-    from airflow_provider_raytpu.hooks.jobs_api import JobsApi
+    from airflow_provider_raytpu.backends.transport import HttpAnswer
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,16 @@ ARCHIVE_ENDINGS = {".zip": ".zip", ".jar": ".zip", ".tar.gz": ".tar.gz", ".tgz":
 Exclude = Callable[[Path], bool]
 
 
-def upload_local_packages(runtime_env: Mapping[str, Any], jobs: JobsApi) -> dict[str, Any]:
+class PackageStore(Protocol):
+    """Where packages go: the cluster's Jobs API (:class:`~airflow_provider_raytpu.hooks.jobs_api.JobsApi`)."""
+
+    def request(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
+                timeout: float | None = None) -> HttpAnswer: ...
+
+    def refused(self, answer: HttpAnswer) -> RuntimeError: ...
+
+
+def upload_local_packages(runtime_env: Mapping[str, Any], jobs: PackageStore) -> dict[str, Any]:
     """``runtime_env`` with each local ``working_dir`` / ``py_modules`` path replaced by the URI of the package
     the cluster now holds, and a local pip requirements or conda YAML file by its content.
 
@@ -84,7 +93,7 @@ def is_uri(path: str) -> bool:
     return "://" in path
 
 
-def upload(path: Path, jobs: JobsApi, excludes: list[str], *, in_parent_dir: bool) -> str:
+def upload(path: Path, jobs: PackageStore, excludes: list[str], *, in_parent_dir: bool) -> str:
     """Upload the package of ``path`` unless the cluster holds it already; its URI.
 
     :param in_parent_dir: zip a directory below its own name (``py_modules``), not at the top (``working_dir``).
@@ -138,7 +147,7 @@ def requirements(path: Path) -> list[str]:
 
 def xor(left: bytes, right: bytes) -> bytes:
     """Ray's ``_xor_bytes``: byte-wise XOR, as long as the shorter (the running hash keeps 8 bytes)."""
-    return bytes(a ^ b for a, b in zip(left, right))
+    return bytes(a ^ b for a, b in zip(left, right, strict=False))
 
 
 def entry_hash(path: Path, root: Path) -> bytes:

@@ -70,7 +70,8 @@ class JobRecord:
     @classmethod
     def from_json(cls, entry: Mapping[str, Any]) -> JobRecord:
         """A record from an entry of ``GET /api/jobs/`` or the answer of ``GET /api/jobs/<id>``."""
-        return cls(**{f.name: entry.get(f.name) for f in dataclasses.fields(cls)})
+        fields: dict[str, Any] = {field.name: entry.get(field.name) for field in dataclasses.fields(cls)}
+        return cls(**fields)
 
 
 class JobsApi:

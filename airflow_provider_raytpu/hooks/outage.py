@@ -9,13 +9,12 @@ gives up, leaving the decision to retry to Airflow.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from airflow_provider_raytpu.backends.transport import TRANSIENT_STATUSES, DashboardUnavailableError
-from airflow_provider_raytpu.progress import Heartbeat
+from airflow_provider_raytpu.progress import Heartbeat, TaskLog
 
 T = TypeVar("T")
 
@@ -84,10 +83,11 @@ class Outage:
 
     def backoff(self) -> float:
         """Seconds to wait before the next try: 0.5, 1, 2, ... up to :data:`MAX_BACKOFF_SECONDS`."""
-        return min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** max(0, self.failures - 1))
+        return min(MAX_BACKOFF_SECONDS, 0.5 * 2.0 ** max(0, self.failures - 1))
 
     def describe(self, what: str, problem: object) -> str:
-        """``"<what> for 12 s (<problem>); trying for up to 588 s more"``, ``what`` e.g. ``"the dashboard unreachable"``."""
+        """``"<what> for 12 s (<problem>); trying for up to 588 s more"``, ``what`` e.g.
+        ``"the dashboard unreachable"``."""
         left = max(0.0, self.grace - self.lasted)
         return f"{what} for {self.lasted:.0f} s ({problem}); trying for up to {left:.0f} s more"
 
@@ -96,7 +96,7 @@ class Outage:
         return f"{what} for {self.lasted:.0f} s, longer than its grace of {self.grace:.0f} s: {problem}"
 
 
-def call_through_outage(call: Callable[[], T], what: str, grace: float, log: logging.Logger | Any,
+def call_through_outage(call: Callable[[], T], what: str, grace: float, log: TaskLog,
                         sleep: Callable[[float], None] = time.sleep) -> T:
     """``call()``, tried again while it fails transiently (:func:`is_transient`), for up to ``grace`` seconds.
 

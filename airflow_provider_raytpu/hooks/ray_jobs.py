@@ -23,6 +23,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseHook
+
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.hooks.job_board import DashboardError, JobBoard, job_board
 from airflow_provider_raytpu.hooks.jobs_api import JobRecord, JobsApi
@@ -142,7 +143,8 @@ class RayJobsHook(BaseHook):
         return self.client
 
     def _through_outage(self, call: Callable[[], T]) -> T:
-        """``call()``, tried again while the dashboard is unreachable, up to :attr:`unreachable_grace_period` seconds."""
+        """``call()``, tried again while the dashboard is unreachable, up to :attr:`unreachable_grace_period`
+        seconds."""
         return call_through_outage(call, f"the dashboard of RayCluster {self.namespace}/{self.cluster_name}",
                                    self.unreachable_grace_period, self.log)
 
@@ -245,7 +247,7 @@ class RayJobsHook(BaseHook):
         return info["status"], info.get("message") or ""
 
     async def alogs(self, submission_id: str) -> str:
-        return (await self._arequest("GET", f"/api/jobs/{submission_id}/logs"))["logs"]
+        return str((await self._arequest("GET", f"/api/jobs/{submission_id}/logs"))["logs"])
 
     async def astop(self, submission_id: str) -> bool:
         return bool((await self._arequest("POST", f"/api/jobs/{submission_id}/stop")).get("stopped"))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
+
 from airflow_provider_raytpu.backends.loop_shared import loop_shared
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID, HOW_TO_CONNECT, ConnectionSettings
 from airflow_provider_raytpu.errors import FatalError
@@ -20,10 +21,15 @@ if TYPE_CHECKING:
 SETTINGS_MAX_AGE_SECONDS = 300.0
 
 
-def _backend_for(settings: ConnectionSettings) -> ClusterBackend:
-    from airflow_provider_raytpu.backends.base import backend_for
+def backend_for(settings: ConnectionSettings) -> ClusterBackend:
+    """The backend a connection names; its module is imported only now, so DAG parsing stays cheap."""
+    if settings.backend == "local":
+        from airflow_provider_raytpu.backends.local import LocalBackend
 
-    return backend_for(settings)
+        return LocalBackend(settings)
+    from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
+
+    return KubeRayBackend(settings)
 
 
 class ConnectionNotFoundError(FatalError):
@@ -73,8 +79,6 @@ class RayTpuHook(BaseHook):
 
     @cached_property
     def backend(self) -> ClusterBackend:
-        from airflow_provider_raytpu.backends.base import backend_for
-
         return backend_for(self.settings)
 
     async def abackend(self) -> ClusterBackend:
@@ -86,7 +90,7 @@ class RayTpuHook(BaseHook):
         """
 
         async def make() -> ClusterBackend:
-            return await asyncio.to_thread(_backend_for, await self.asettings())
+            return await asyncio.to_thread(backend_for, await self.asettings())
 
         return await loop_shared().get(("backend", self.raytpu_conn_id), make, max_age=SETTINGS_MAX_AGE_SECONDS)
 

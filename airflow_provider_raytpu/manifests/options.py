@@ -77,17 +77,22 @@ class RayClusterOptions:
                     "(e.g. {'cpu': '{{ params.cpu }}'}) or set render_template_as_native_obj=True on the DAG",
                 )
         self._check_metadata()
-        for key, value in (self.env or {}).items():
+        given_env: Mapping[str, object] = self.env or {}  # as given, not yet checked: any value
+        for key, value in given_env.items():
             if _templated(value):
                 continue
             if not isinstance(key, str) or not key or not isinstance(value, (str, int, float)) or isinstance(
                     value, bool):
-                raise InvalidInputError(f"env[{key!r}]", value, "is not a string (or a number)",
-                                        "Give every environment variable a string value, e.g. env={'LOG_LEVEL': 'info'}")
+                raise InvalidInputError(
+                    f"env[{key!r}]", value, "is not a string (or a number)",
+                    "Give every environment variable a string value, e.g. env={'LOG_LEVEL': 'info'}",
+                )
 
     def _check_metadata(self) -> None:
         """Labels and annotations as Kubernetes takes them (the API server would refuse the object late)."""
-        for field, values in (("labels", self.labels), ("annotations", self.annotations)):
+        given: tuple[tuple[str, Mapping[str, object] | None], ...] = (  # as given, not yet checked: any value
+            ("labels", self.labels), ("annotations", self.annotations))
+        for field, values in given:
             for key, value in (values or {}).items():
                 if _templated(key) or _templated(value):
                     continue  # rendered at run time, and checked then
@@ -109,12 +114,14 @@ class RayClusterOptions:
             return self
         given = (self.labels or {}).get(QUEUE_NAME_LABEL)
         if given not in (None, queue):
-            raise InvalidInputError(f"labels[{QUEUE_NAME_LABEL!r}]", given, f"names another queue than queue_name={queue!r}",
-                                    "Give the queue once, as queue_name")
+            raise InvalidInputError(
+                f"labels[{QUEUE_NAME_LABEL!r}]", given, f"names another queue than queue_name={queue!r}",
+                "Give the queue once, as queue_name",
+            )
         return replace(self, labels={**(self.labels or {}), QUEUE_NAME_LABEL: queue})
 
     @classmethod
-    def from_value(cls, value: RayClusterOptions | Mapping[str, Any] | None) -> RayClusterOptions:
+    def from_value(cls, value: object) -> RayClusterOptions:
         """Read an operator's ``cluster_options`` after templating: these options, a dict of their fields or None."""
         if isinstance(value, RayClusterOptions):
             return value
@@ -166,7 +173,7 @@ def take_cluster_options(
     return {**given, **flat}
 
 
-def _option_dict(value: Mapping[str, Any] | None) -> dict[str, Any]:
+def _option_dict(value: object) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -179,3 +186,8 @@ def _option_dict(value: Mapping[str, Any] | None) -> dict[str, Any]:
         raise InvalidInputError("cluster_options", unknown, "are not cluster options",
                                 f"Use only: {', '.join(OPTION_NAMES)}")
     return dict(value)
+
+
+#: The options of a cluster given none (frozen, so one value serves every default). Made last: its
+#: ``__post_init__`` checks use this module's helpers.
+DEFAULT_CLUSTER_OPTIONS = RayClusterOptions()

@@ -11,12 +11,17 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow_provider_raytpu.manifests.merge import merge_fragment
 from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, label_value, resource_name
-from airflow_provider_raytpu.manifests.options import DEFAULT_HEAD_RESOURCES, DEFAULT_WORKER_RESOURCES, RayClusterOptions
+from airflow_provider_raytpu.manifests.options import (
+    DEFAULT_CLUSTER_OPTIONS,
+    DEFAULT_HEAD_RESOURCES,
+    DEFAULT_WORKER_RESOURCES,
+    RayClusterOptions,
+)
 from airflow_provider_raytpu.tpu import TPU_RESOURCE, TpuSlice
 
 API_VERSION = "ray.io/v1"
@@ -88,11 +93,11 @@ def spec_hash(spec: Mapping[str, Any]) -> str:
 
 
 def format_expiry(when: datetime) -> str:
-    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_expiry(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
 def _env_list(env: Mapping[str, str] | None) -> list[dict[str, str]]:
@@ -176,7 +181,7 @@ def build_ray_cluster(
     name: str,
     namespace: str,
     tpu: TpuSlice,
-    options: RayClusterOptions = RayClusterOptions(),
+    options: RayClusterOptions = DEFAULT_CLUSTER_OPTIONS,
     origin: AirflowOrigin | None = None,
     expires_at: datetime | None = None,
     worker_group_name: str = DEFAULT_WORKER_GROUP,

@@ -34,7 +34,7 @@ from typing import Any
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.merge import merge_fragment
 from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, resource_name
-from airflow_provider_raytpu.manifests.options import RayClusterOptions
+from airflow_provider_raytpu.manifests.options import DEFAULT_CLUSTER_OPTIONS, RayClusterOptions
 from airflow_provider_raytpu.manifests.raycluster import (
     ALSO_ADOPTS_ANNOTATION,
     API_VERSION,
@@ -51,7 +51,9 @@ from airflow_provider_raytpu.manifests.raycluster import (
     build_ray_cluster,
     owned_resource,
     spec_hash,
+    tpu_slice_of,
 )
+from airflow_provider_raytpu.manifests.serve_preflight import serve_config_problems
 from airflow_provider_raytpu.manifests.serveconfig import (
     ServeApplication,
     build_serve_config,
@@ -170,7 +172,7 @@ def build_ray_service(
     in_place: bool = False,
     upgrade_strategy: str = "NewCluster",
     serve_options: Mapping[str, Any] | None = None,
-    options: RayClusterOptions = RayClusterOptions(),
+    options: RayClusterOptions = DEFAULT_CLUSTER_OPTIONS,
     origin: AirflowOrigin | None = None,
     cluster_deletion_delay_seconds: int | None = None,
     history_limit: int = HISTORY_LIMIT,
@@ -375,3 +377,11 @@ def ray_cluster_of(service: Mapping[str, Any], cluster_name: str) -> dict[str, A
         "spec": spec,
     }
 
+
+def service_config_problems(service: dict[str, Any]) -> list[str]:
+    """What in a RayService's Serve config cannot be scheduled on one of its slices, one line each."""
+    tpu = tpu_slice_of(service)
+    if tpu is None:
+        return []
+    config = parse_serve_config((service.get("spec") or {}).get("serveConfigV2"))
+    return [str(problem) for problem in serve_config_problems(config, tpu)]

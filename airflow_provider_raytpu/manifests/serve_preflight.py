@@ -75,7 +75,8 @@ def _llm_problems(app: str, args: Mapping[str, Any], tpu: TpuSlice) -> Iterator[
                 where_in_config(app, f"{path}.accelerator_type"), accelerator_type,
                 f"disagrees with the RayService's slice ({tpu.describe()}), whose Ray accelerator type is "
                 f"{tpu.ray_accelerator_type}",
-                f"Write accelerator_type={tpu.ray_accelerator_type!r}, or leave it out and it is derived from the slice",
+                f"Write accelerator_type={tpu.ray_accelerator_type!r}, or leave it out and it is derived from the "
+                "slice",
             )
         accelerator = config.get("accelerator_config")
         if accelerator is None:
@@ -143,14 +144,16 @@ def _deployment_problems(app: str, deployment: Mapping[str, Any], tpu: TpuSlice)
     bundles = deployment.get("placement_group_bundles")
     strategy = deployment.get("placement_group_strategy")
     bundles_needed = min(tpu.hosts_per_slice, max(1, -(-int(chips) // host))) if chips else tpu.hosts_per_slice
-    example = f"placement_group_bundles=[{{'TPU': {host}}}] * {bundles_needed}, placement_group_strategy='STRICT_SPREAD'"
+    example = (f"placement_group_bundles=[{{'TPU': {host}}}] * {bundles_needed}, "
+               "placement_group_strategy='STRICT_SPREAD'")
     if strategy is not None and strategy not in PLACEMENT_STRATEGIES:
         yield InvalidInputError(where_in_config(app, f"{where}.placement_group_strategy"), strategy,
                                 "is not a placement strategy", f"Write one of {', '.join(PLACEMENT_STRATEGIES)}")
     if bundles is None:
         if strategy is not None:
             yield InvalidInputError(
-                where_in_config(app, f"{where}.placement_group_strategy"), strategy, "is given without placement_group_bundles",
+                where_in_config(app, f"{where}.placement_group_strategy"), strategy,
+                "is given without placement_group_bundles",
                 f"Declare the bundles too, e.g. {example}",
             )
         if chips > host:
@@ -182,7 +185,8 @@ def _deployment_problems(app: str, deployment: Mapping[str, Any], tpu: TpuSlice)
             where_in_config(app, f"{where}.ray_actor_options"), dict(deployment.get("ray_actor_options") or {}),
             f"asks for {_chips(chips)} TPU chips, but Ray Serve places the replica actor in the first "
             f"placement-group bundle, which has {_chips(sizes[0] or 0)}",
-            f"Ask for at most {_chips(sizes[0] or 0)} chips in ray_actor_options; the bundles hold the rest of the slice",
+            f"Ask for at most {_chips(sizes[0] or 0)} chips in ray_actor_options; the bundles hold the rest of the "
+            "slice",
         )
     total = sum(s or 0 for s in sizes)
     if total > host:

@@ -105,7 +105,8 @@ def _check_application(app: ServeApplication, seen: set[str]) -> None:
     for key, kind in (("args", Mapping), ("runtime_env", Mapping), ("deployments", (list, tuple))):
         value = getattr(app, key)
         if value is not None and not isinstance(value, kind):
-            raise InvalidInputError(where_in_config(app.name, key), value, f"is not a {'list' if key == 'deployments' else 'dict'}",
+            raise InvalidInputError(where_in_config(app.name, key), value,
+                                    f"is not a {'list' if key == 'deployments' else 'dict'}",
                                     "See the Ray Serve config file reference")
     for index, deployment in enumerate(app.deployments or ()):
         if not isinstance(deployment, Mapping) or not isinstance(deployment.get("name"), str):
@@ -136,7 +137,8 @@ def set_version_arg(args: dict[str, Any], path: str, version: str, app: str) -> 
             else:
                 node = node.setdefault(key, {})
         else:
-            raise InvalidInputError(where_in_config(app, "version_arg"), path, f"passes through {node!r}, which is not a dict",
+            raise InvalidInputError(where_in_config(app, "version_arg"), path,
+                                    f"passes through {node!r}, which is not a dict",
                                     "Point it at a key of args, e.g. 'checkpoint_uri'")
 
 

@@ -4,26 +4,37 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import TriggerRule
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
+
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import FatalError, InvalidInputError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
-from airflow_provider_raytpu.manifests.names import check_namespace
+from airflow_provider_raytpu.manifests.names import (
+    RAY_CLUSTER_NAME_LIMIT,
+    RAY_SERVICE_NAME_LIMIT,
+    check_namespace,
+    resource_name,
+)
 from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin, tpu_slice_of
 from airflow_provider_raytpu.status.run_report import TASK_SPAN_XCOM_KEY
 from airflow_provider_raytpu.tpu import TpuSlice
 
 if TYPE_CHECKING:
     import jinja2
+    from airflow.sdk import BaseOperator, Context
 
-    from airflow.sdk import Context
     from airflow_provider_raytpu.backends.base import ClusterBackend, ServiceBackend
+
+    # The mixins below become part of an operator: they are checked as the BaseOperator they join.
+    _TaskBase = BaseOperator
+else:
+    _TaskBase = object
 
 CONN_KEY = "raytpu_conn_id"
 OLD_CONN_KEY = "conn_id"  # the reference's connection key before 0.2; still read from older XComs
@@ -40,7 +51,7 @@ def fail_fast() -> Iterator[None]:
 
 def default_deferrable() -> bool:
     """``[operators] default_deferrable``, as the cncf-kubernetes and Google providers read it."""
-    return conf.getboolean("operators", "default_deferrable", fallback=False)
+    return bool(conf.getboolean("operators", "default_deferrable", fallback=False))
 
 
 def sensor_poke_interval(poke_interval: float | timedelta | None, poll_interval: float | None,
@@ -146,19 +157,23 @@ def read_reference(value: Any, field: str, name_key: str) -> dict[str, Any] | No
     return dict(value)
 
 
-class TeardownWhateverHappenedMixin:
+class TeardownWhateverHappenedMixin(_TaskBase):
     """An operator whose ``as_teardown`` runs it once everything upstream is done, also when every setup failed
     (a create can fail after applying its cluster; Airflow's own teardown rule would then skip it)."""
 
     def as_teardown(self, *, setups: Any = None, on_failure_fail_dagrun: bool | None = None) -> Any:
         """Airflow's ``as_teardown`` with the trigger rule ``all_done``."""
-        super().as_teardown(setups=setups, on_failure_fail_dagrun=on_failure_fail_dagrun)  # type: ignore[misc]
-        if not (self.has_dag() and self.dag.fail_fast):  # type: ignore[attr-defined]  # fail_fast allows default rules only
+        super().as_teardown(setups=setups, on_failure_fail_dagrun=on_failure_fail_dagrun)
+        try:
+            fail_fast = self.dag.fail_fast  # a fail_fast DAG allows the default trigger rules only
+        except RuntimeError:  # not in a DAG yet
+            fail_fast = False
+        if not fail_fast:
             self.trigger_rule = TriggerRule.ALL_DONE
         return self
 
 
-class ClusterTaskMixin:
+class ClusterTaskMixin(_TaskBase):
     """An operator or sensor that works on an existing RayCluster.
 
     It takes the cluster reference (``cluster=create.output``) or ``cluster_name``,
@@ -174,9 +189,11 @@ class ClusterTaskMixin:
     confirm_with_ray: bool | None = None
     reference_field = "cluster"
     reference_name = "cluster_name"
+    #: The longest name KubeRay takes for the object (its Services append to it).
+    name_limit: int = RAY_CLUSTER_NAME_LIMIT
 
     def render_template_fields(self, context: Context, jinja_env: jinja2.Environment | None = None) -> None:
-        super().render_template_fields(context, jinja_env)  # type: ignore[misc]
+        super().render_template_fields(context, jinja_env)
         with fail_fast():
             self.take_reference()
 
@@ -184,7 +201,7 @@ class ClusterTaskMixin:
         """Record when this task's try ran (``raytpu_task_span``), for the run report's timeline."""
         start = context["ti"].start_date
         context["ti"].xcom_push(key=TASK_SPAN_XCOM_KEY, value={
-            "start": start.isoformat() if start else None, "end": datetime.now(timezone.utc).isoformat()})
+            "start": start.isoformat() if start else None, "end": datetime.now(UTC).isoformat()})
 
     def take_reference(self) -> dict[str, Any] | None:
         """Fill the name, namespace and connection from the rendered reference, where not given."""
@@ -211,7 +228,11 @@ class ClusterTaskMixin:
                 self.reference_name, name, "is not given",
                 f"Pass {self.reference_field}=<creating task>.output, or {self.reference_name}=...",
             )
-        return name
+        return str(name)
+
+    def resolved_name(self) -> str:
+        """:meth:`require_name` normalised into the object's name (lower case, ``-``, within its limit)."""
+        return resource_name(self.require_name(), self.reference_name, self.name_limit)
 
     @property
     def conn_id(self) -> str:
@@ -282,6 +303,7 @@ class ServiceTaskMixin(ClusterTaskMixin):
     service: Any = None
     reference_field = "service"
     reference_name = "service_name"
+    name_limit = RAY_SERVICE_NAME_LIMIT
 
     @property
     def service_backend(self) -> ServiceBackend:

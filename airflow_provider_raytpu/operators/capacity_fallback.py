@@ -12,12 +12,12 @@ on from the kind the cluster has, and still knows what was tried before) and the
 from __future__ import annotations
 
 import json
-import logging
 import time
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, NoReturn
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
 from airflow_provider_raytpu.backends.apply import wait_until_gone
 from airflow_provider_raytpu.capacity import Capacity, parse_capacities
 from airflow_provider_raytpu.errors import InvalidInputError
@@ -29,7 +29,6 @@ from airflow_provider_raytpu.values import parse_duration
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from airflow.triggers.base import BaseTrigger
 
 #: The XCom key of what a create task tried: ``{"used": "spot", "tried": [{"capacity", "outcome"}, ...]}``.
 CAPACITY_XCOM_KEY = "capacity"
@@ -64,7 +63,7 @@ def age_of(cluster: dict[str, Any]) -> float:
     created = cluster.get("metadata", {}).get("creationTimestamp")
     if not created:
         return 0.0
-    return (datetime.now(timezone.utc) - parse_time(created)).total_seconds()
+    return (datetime.now(UTC) - parse_time(created)).total_seconds()
 
 
 class CapacityFallbackMixin(ClusterTaskMixin):
@@ -75,11 +74,6 @@ class CapacityFallbackMixin(ClusterTaskMixin):
 
     capacity: Any
     fallback_after: Any
-    if TYPE_CHECKING:
-        log: logging.Logger
-
-        def defer(self, *, trigger: BaseTrigger, method_name: str, kwargs: dict[str, Any] | None = None,
-                  timeout: timedelta | None = None) -> NoReturn: ...
 
     def apply_on(self, context: Context, capacity: Capacity) -> dict[str, Any]:
         """Make or adopt the cluster on ``capacity``; return its reference."""
@@ -108,7 +102,6 @@ class CapacityFallbackMixin(ClusterTaskMixin):
             method_name="execute_fallback",
             timeout=window + timedelta(minutes=2),
         )
-        return None
 
     def execute_fallback(self, context: Context, event: dict[str, Any]) -> dict[str, Any] | None:
         """The window of the cluster's kind ended: keep the cluster if its hosts are placed, else try the next."""

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
+
 from airflow_provider_raytpu.backends.apply import describe_owner, is_managed, owner_of, wait_until_gone
-from airflow_provider_raytpu.manifests.names import label_value, resource_name
+from airflow_provider_raytpu.manifests.names import label_value
 from airflow_provider_raytpu.manifests.raycluster import (
     DAG_ID_KEY,
     MANAGED_BY,
@@ -65,7 +67,6 @@ class DeleteOwnedOperator(TeardownWhateverHappenedMixin, ClusterTaskMixin, BaseO
 
     kind: ClassVar[str]
     owner_keys: ClassVar[tuple[str, ...]]
-    name_limit: ClassVar[int]
     other_selectors: ClassVar[tuple[str, ...]] = ()
     deletes_also: ClassVar[str] = ""
     """What deleting one object also takes down, for the progress line (e.g. ``" and its clusters"``)."""
@@ -125,7 +126,7 @@ class DeleteOwnedOperator(TeardownWhateverHappenedMixin, ClusterTaskMixin, BaseO
 
     def made_here(self, obj: dict[str, Any], wanted: dict[str, str], tasks: Sequence[str]) -> bool:
         """Whether this provider made ``obj`` for this DAG (run) in one of ``tasks`` (any task when empty)."""
-        recorded = dict(zip(self.owner_keys, owner_of(obj, self.owner_keys)))
+        recorded = dict(zip(self.owner_keys, owner_of(obj, self.owner_keys), strict=True))
         return is_managed(obj) and all(recorded[key] == value for key, value in wanted.items()) and (
             not tasks or recorded.get(TASK_ID_KEY) in tasks)
 
@@ -143,9 +144,8 @@ class DeleteOwnedOperator(TeardownWhateverHappenedMixin, ClusterTaskMixin, BaseO
                       scope, where, namespace, ", ".join(found) or "none")
         return found
 
-    def named(self, context: Context, name: str, namespace: str) -> list[str]:
-        """``[name]`` when this DAG (run)'s creating tasks made it, or ``force``; else ``[]`` with a warning."""
-        target = resource_name(name, self.reference_name, self.name_limit)
+    def named(self, context: Context, target: str, namespace: str) -> list[str]:
+        """``[target]`` when this DAG (run)'s creating tasks made it, or ``force``; else ``[]`` with a warning."""
         obj = self.get_object(target, namespace)
         tasks = self.creating_tasks()
         if obj is None or self.force or self.made_here(obj, self.wanted_owner(context), tasks):
@@ -161,15 +161,15 @@ class DeleteOwnedOperator(TeardownWhateverHappenedMixin, ClusterTaskMixin, BaseO
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
             namespace = self.resolved_namespace()
-            name = getattr(self, self.reference_name)
+            name = self.resolved_name() if getattr(self, self.reference_name) else None
             names = self.named(context, name, namespace) if name else self.owned(context, namespace)
-            skipped = [resource_name(name, self.reference_name, self.name_limit)] if name and not names else []
+            skipped = [name] if name and not names else []
             deleted: dict[str, float] = {}  # name: when its delete began
+            detail = self.deletion_detail
             for target in names:
                 since = time.monotonic()
-                detail = self.deletion_detail
                 with progress(self.log, f"Deleting {self.kind} {namespace}/{target}{self.deletes_also}",
-                              (lambda t=target: detail(t, namespace)) if detail is not None else None):
+                              partial(detail, target, namespace) if detail is not None else None):
                     if self.delete_object(target, namespace):
                         deleted[target] = since
                 self.log.info("%s %s/%s %s", self.kind, namespace, target,
@@ -179,7 +179,7 @@ class DeleteOwnedOperator(TeardownWhateverHappenedMixin, ClusterTaskMixin, BaseO
                 for target, since in deleted.items():
                     wait_until_gone(self.kind, target, namespace, self.get_object, self.deletion_timeout,
                                     self.poll_interval, self.log,
-                                    (lambda t=target: pods_left(t, namespace)) if pods_left is not None else None,
+                                    partial(pods_left, target, namespace) if pods_left is not None else None,
                                     since)
         key = self.reference_name
         return {key: (names or skipped)[0] if len(names or skipped) == 1 else None, f"{key}s": names,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from logging import Logger
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.manifests.raycluster import EXPIRES_AT_ANNOTATION
+from airflow_provider_raytpu.progress import TaskLog
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.values import parse_duration
 
@@ -29,11 +29,11 @@ def lifetime_on(tpu: TpuSlice, max_lifetime: timedelta) -> timedelta:
     return min(max_lifetime, timedelta(seconds=run)) if run else max_lifetime
 
 
-def renew_expiry(backend: ClusterBackend, log: Logger, stored: dict[str, Any], manifest: dict[str, Any]) -> None:
+def renew_expiry(backend: ClusterBackend, log: TaskLog, stored: dict[str, Any], manifest: dict[str, Any]) -> None:
     """A create that adopts its cluster (a retry, a Clear the next day) renews the cluster's expiry from now:
     the sweep of expired clusters must not delete it mid-run."""
     metadata = stored.get("metadata") or {}
-    name, namespace = metadata.get("name"), metadata.get("namespace")
+    name, namespace = metadata["name"], metadata["namespace"]
     renewed = manifest["metadata"]["annotations"][EXPIRES_AT_ANNOTATION]
     recorded = (metadata.get("annotations") or {}).get(EXPIRES_AT_ANNOTATION)
     if recorded == renewed:

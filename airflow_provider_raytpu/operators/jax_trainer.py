@@ -19,7 +19,13 @@ from airflow_provider_raytpu.operators.base import (
     mask_secret_values,
 )
 from airflow_provider_raytpu.operators.lineage import checkpoint_directory, storage_dataset, task_lineage
-from airflow_provider_raytpu.operators.links import CheckpointsLink, ProfileLink, RayJobLink, push_link, storage_console_url
+from airflow_provider_raytpu.operators.links import (
+    CheckpointsLink,
+    ProfileLink,
+    RayJobLink,
+    push_link,
+    storage_console_url,
+)
 from airflow_provider_raytpu.operators.ray_data import asset_for
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
 from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice
@@ -205,8 +211,8 @@ class JaxTrainerOperator(SubmitRayJobOperator):
     def given_tpu(self) -> TpuSlice | None:
         if not self.accelerator and not self.topology:
             return None
-        return TpuSlice(self.accelerator or "", self.topology or "", _most(self.num_slices), self.spot,
-                        self.chips_per_host, self.capacity)
+        return TpuSlice.from_fields(self.accelerator or "", self.topology or "", _most(self.num_slices),
+                                    self.spot, self.chips_per_host, self.capacity)
 
     def slice_range(self, tpu: TpuSlice) -> tuple[int, int] | None:
         """The elastic ``(min, max)`` slices, checked against the cluster's ``tpu``; ``None``: all of them."""

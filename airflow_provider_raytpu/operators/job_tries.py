@@ -14,12 +14,13 @@ one stops it and starts over. Whether a failed try is retried is Airflow's rule 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airflow.sdk.exceptions import AirflowException
+
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, METADATA_PREFIX, TERMINAL, JobIdentity, RayJobsHook
 from airflow_provider_raytpu.operators.base import map_index_of
-from airflow_provider_raytpu.progress import Heartbeat
+from airflow_provider_raytpu.progress import Heartbeat, TaskLog
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -51,7 +52,7 @@ def will_be_retried(context: Context) -> bool:
     return ti.max_tries != 0 and ti.try_number <= ti.max_tries
 
 
-def stop_leftovers(jobs: RayJobsHook, previous: list[JobRecord], log: Any, poll_interval: float) -> None:
+def stop_leftovers(jobs: RayJobsHook, previous: list[JobRecord], log: TaskLog, poll_interval: float) -> None:
     """Stop this task's jobs still pending or running, and wait until each has ended (before a new
     submission: two drivers never share a run directory or a slice).
 
@@ -60,7 +61,7 @@ def stop_leftovers(jobs: RayJobsHook, previous: list[JobRecord], log: Any, poll_
     :param log: the task's logger.
     :param poll_interval: seconds between status reads (at most 1).
     """
-    leftovers = [job.submission_id for job in previous if job.status in ACTIVE]
+    leftovers = [job.submission_id for job in previous if job.status in ACTIVE and job.submission_id is not None]
     for submission_id in leftovers:
         log.warning("Stopping Ray job %s left running by an earlier run of this task", submission_id)
         jobs.stop(submission_id)

@@ -86,7 +86,7 @@ def version_facet(version: str) -> Any:
     return dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=version)
 
 
-def task_lineage(inputs: Iterable[Dataset], outputs: Iterable[Dataset]) -> OperatorLineage:
+def task_lineage(inputs: Iterable[Dataset], outputs: Iterable[Dataset]) -> OperatorLineage[Dataset, Any]:
     """The task's lineage: what it read, what it wrote."""
     from airflow.providers.openlineage.extractors import OperatorLineage
 

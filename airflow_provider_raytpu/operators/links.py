@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from airflow.sdk import BaseOperator, BaseOperatorLink
+
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.status import spec_applications
 

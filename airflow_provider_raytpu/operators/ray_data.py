@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset
+
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.operators.base import (
     check_import_path,
@@ -18,7 +19,7 @@ from airflow_provider_raytpu.operators.base import (
 )
 from airflow_provider_raytpu.operators.lineage import storage_dataset, task_lineage
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
-from airflow_provider_raytpu.tpu import plural
+from airflow_provider_raytpu.values import plural
 from airflow_provider_raytpu.workloads.uris import APART_FIX, output_overlap
 
 if TYPE_CHECKING:
@@ -59,8 +60,8 @@ class RayDataOperator(SubmitRayJobOperator):
     TPU host). Re-running the same output URI replaces it, so a retry or a rerun of
     the same logical date never duplicates rows; it removes only what this task wrote there
     before (the output carries a record of its task and files), and an output prefix that
-    holds anything else, or overlaps the input, is refused before anything is written. Returns ``rows_in``, ``rows_out``,
-    ``output_uri``, ``seconds`` and ``rows_per_second``. A literal ``output_uri`` is
+    holds anything else, or overlaps the input, is refused before anything is written. Returns ``rows_in``,
+    ``rows_out``, ``output_uri``, ``seconds`` and ``rows_per_second``. A literal ``output_uri`` is
     declared as an Airflow asset, so downstream DAGs can be scheduled on it; the asset event of
     each outlet carries ``rows_in``, ``rows_out`` and ``output_uri`` as extras.
 
@@ -115,7 +116,8 @@ class RayDataOperator(SubmitRayJobOperator):
         self.batch_size = batch_size
         self.concurrency = concurrency
         self.num_tpus_per_actor = num_tpus_per_actor
-        self.resources = resources
+        # Not ``self.resources``: that is BaseOperator's executor resources, which Airflow serializes as such.
+        self.ray_resources = resources
         self.actor_per_tpu_host = actor_per_tpu_host
         self.transform_kwargs = transform_kwargs
         self.batch_format = batch_format
@@ -135,8 +137,8 @@ class RayDataOperator(SubmitRayJobOperator):
         optional = {"--format": self.input_format, "--batch-size": self.batch_size, "--concurrency": self.concurrency,
                     "--num-tpus-per-actor": self.num_tpus_per_actor}
         args += [str(v) for flag, value in optional.items() if value is not None for v in (flag, value)]
-        if self.resources:
-            args += ["--resources", json.dumps(dict(self.resources))]
+        if self.ray_resources:
+            args += ["--resources", json.dumps(dict(self.ray_resources))]
         if self.transform_kwargs:
             args += ["--transform-kwargs", json.dumps(dict(self.transform_kwargs))]
         self.job_args = args

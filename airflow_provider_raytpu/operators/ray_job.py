@@ -6,13 +6,13 @@ import contextlib
 import shlex
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
 from airflow_provider_raytpu.hooks.job_log import (
     JobLogFollower,
     closing_line,
@@ -23,25 +23,24 @@ from airflow_provider_raytpu.hooks.job_log import (
 )
 from airflow_provider_raytpu.hooks.outage import DEFAULT_UNREACHABLE_GRACE, DashboardUnreachableError
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, TERMINAL, JobIdentity, RayJobsHook
-from airflow_provider_raytpu.manifests.names import resource_name
 from airflow_provider_raytpu.operators.base import (
-    ClusterTaskMixin,
     check_literal,
     check_not_empty,
     default_deferrable,
     fail_fast,
     mask_secret_values,
 )
+from airflow_provider_raytpu.operators.cluster_ready import ClusterReadyWait
 from airflow_provider_raytpu.operators.job_tries import job_identity, same_cycle, stop_leftovers, will_be_retried
 from airflow_provider_raytpu.operators.links import RayJobLink, dashboard_url, push_link
 from airflow_provider_raytpu.progress import Heartbeat
-from airflow_provider_raytpu.status import ClusterStatus, Phase, ReconcileFailureGrace
 from airflow_provider_raytpu.triggers.ray_job import RayJobTrigger
-from airflow_provider_raytpu.triggers.raycluster import DEFAULT_GRACE_PERIOD, RayClusterReadyTrigger
 from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, last_result
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.sdk import BaseOperatorLink, Context
+
+    from airflow_provider_raytpu.hooks.jobs_api import JobRecord
 
 LOG_TAIL_LINES = 50
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -49,7 +48,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 STOP_ON_GIVE_UP_GRACE = 30.0
 
 
-class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
+class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
     """Run a command as a Ray job on a RayCluster and wait for it, streaming its log.
 
     Every submission carries its task try as metadata and a deterministic submission
@@ -108,7 +107,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
         "metadata",
     )
     template_fields_renderers = {"runtime_env": "json", "metadata": "json"}
-    operator_extra_links = (RayJobLink(),)
+    operator_extra_links: tuple[BaseOperatorLink, ...] = (RayJobLink(),)
     ui_color = "#fef7e0"
     # The entrypoint a subclass builds in execute() is shown in the rendered-template view.
     overwrite_rtif_after_execution = True
@@ -161,7 +160,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
     @cached_property
     def jobs(self) -> RayJobsHook:
         """The Ray Jobs API of the cluster, through the task's one backend."""
-        return RayJobsHook(resource_name(self.require_name(), "cluster_name"), self.resolved_namespace(), self.conn_id,
+        return RayJobsHook(self.resolved_name(), self.resolved_namespace(), self.conn_id,
                            cluster_hook=self.hook, unreachable_grace_period=self.unreachable_grace_period)
 
     def prepare_entrypoint(self, context: Context) -> None:
@@ -197,70 +196,20 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
             if "hook" in self.__dict__ and "backend" in self.hook.__dict__:
                 self.hook.backend.close()
 
+    @property
+    def ready_timeout(self) -> float:
+        return self.cluster_ready_timeout
+
     def execute(self, context: Context) -> Any:
         with self._task_clients():
-            self._wait_until_ready()
+            self.wait_until_ready(self.poll_interval, "execute_when_ready")
             return self._run(context)
 
     def execute_when_ready(self, context: Context, event: dict[str, Any]) -> Any:
         """Back from waiting in the triggerer for the cluster to be READY."""
         with self._task_clients():
-            if event["status"] == "ERROR":
-                raise AirflowFailException(event["message"])
-            if event["status"] == "UNREACHABLE":
-                raise AirflowException(event["message"])
-            if event["status"] != Phase.READY.value:
-                self._not_ready(event.get("cluster") and ClusterStatus.from_dict(event["cluster"]),
-                                event.get("diagnosis", ""))
-            self.log.info("RayCluster %s/%s is ready: %s", self.jobs.namespace, self.jobs.cluster_name,
-                          (event.get("cluster") or {}).get("message", ""))
+            self.ready_from_event(event)
             return self._run(context)
-
-    def _wait_until_ready(self) -> None:
-        """Return once the cluster is READY: at once, after waiting here, or (deferrable) in the triggerer."""
-        with fail_fast():
-            name, namespace = self.jobs.cluster_name, self.jobs.namespace
-            status = self.backend.cluster_status(name, namespace, confirm_with_ray=self.confirms_with_ray)
-        if status.phase is Phase.READY:
-            return
-        if status.phase is not Phase.PROVISIONING:
-            self._not_ready(status, "")
-        self.log.info("RayCluster %s/%s is not ready yet (%s); waiting up to %.0f s before submitting",
-                      namespace, name, status.message, self.cluster_ready_timeout)
-        if self.deferrable:
-            self.defer(
-                trigger=RayClusterReadyTrigger(cluster_name=name, namespace=namespace, raytpu_conn_id=self.conn_id,
-                                               deadline=time.time() + self.cluster_ready_timeout,
-                                               poll_interval=self.poll_interval,
-                                               confirm_with_ray=self.confirms_with_ray),
-                method_name="execute_when_ready",
-                timeout=timedelta(seconds=self.cluster_ready_timeout + 120),
-            )
-        deadline = time.monotonic() + self.cluster_ready_timeout
-        grace = ReconcileFailureGrace(DEFAULT_GRACE_PERIOD)
-        heartbeat = Heartbeat()
-        heartbeat.due(status.message)
-        while status.phase is Phase.PROVISIONING and time.monotonic() < deadline:
-            time.sleep(min(self.poll_interval, heartbeat.seconds_left()))
-            status = grace.judge(self.backend.cluster_status(name, namespace, confirm_with_ray=self.confirms_with_ray),
-                                 time.time())
-            if heartbeat.due(status.message):
-                self.log.info("RayCluster %s/%s: %s: %s (%.0f s)", namespace, name, status.phase.value,
-                              status.message, heartbeat.elapsed)
-        if status.phase is not Phase.READY:
-            self._not_ready(status, self.backend.diagnose(name, namespace, confirm_with_ray=self.confirms_with_ray))
-        self.log.info("RayCluster %s/%s is ready: %s", namespace, name, status.message)
-
-    def _not_ready(self, status: ClusterStatus | None, diagnosis: str) -> NoReturn:
-        where = f"RayCluster {self.jobs.namespace}/{self.jobs.cluster_name}"
-        if status is not None and status.phase is Phase.FAILED:
-            raise AirflowFailException(f"{where} failed: {status.message}")
-        if status is not None and status.phase is Phase.GONE:
-            raise AirflowException(
-                f"{where} does not exist ({status.message}); nothing to run the job on. If its teardown ran, clear "
-                "the task together with its setup tasks (mark the create task and the ready sensor as setups "
-                "of the teardown, and a Clear re-runs them)")
-        raise AirflowException(f"{where} not ready after {self.cluster_ready_timeout:.0f} s.\n{diagnosis}")
 
     def _run(self, context: Context) -> Any:
         with fail_fast():
@@ -272,7 +221,9 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
             previous = jobs.find_jobs(identity)
         submission_id = self._reattach_or_resubmit(context, identity, previous, command)
         if submission_id is None:
-            return self._result(previous[0].submission_id)
+            succeeded = previous[0].submission_id
+            assert succeeded is not None  # find_jobs matches metadata that only a submitted job carries
+            return self._result(succeeded)
         self.submission_id = submission_id
         self._persist_link(context, submission_id)
         if self.deferrable:
@@ -306,7 +257,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
             self.log.warning("Could not stop Ray job %s: %s", submission_id, exc)
         raise AirflowException(f"{reason}\nGave up following Ray job {submission_id} on the task's last try")
 
-    def _reattach_or_resubmit(self, context: Context, identity: JobIdentity, previous: list[Any],
+    def _reattach_or_resubmit(self, context: Context, identity: JobIdentity, previous: list[JobRecord],
                               command: str) -> str | None:
         """The job to follow: reattached, or newly submitted; ``None`` when the newest already succeeded."""
         if previous and same_cycle(previous[0], context):
@@ -314,7 +265,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
             status = newest.status
             if status in ACTIVE:
                 self.log.info("Reattaching to Ray job %s (%s) from try %s", newest.submission_id, status,
-                              newest.metadata.get("raytpu.try_number"))
+                              (newest.metadata or {}).get("raytpu.try_number"))
                 return newest.submission_id
             if status == "SUCCEEDED":
                 self.log.info("Ray job %s already succeeded; returning its result", newest.submission_id)
@@ -358,7 +309,7 @@ class SubmitRayJobOperator(ClusterTaskMixin, BaseOperator):
             self.submission_id = event["submission_id"]
             if event["status"] == "ERROR":
                 self._give_up(context, event["submission_id"], event["message"])
-            self.show_entrypoint(self.jobs.info(self.submission_id).entrypoint)
+            self.show_entrypoint(self.jobs.info(self.submission_id).entrypoint or "")
             if event["status"] == "SUCCEEDED" and "result" in event:  # the trigger read the whole log
                 return self._succeeded(event["submission_id"], event["result"])
             logs = event.get("log_tail") if event["status"] != "SUCCEEDED" else None

@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, check_queue_name, owned_name, resource_name
-from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
+
+from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER
+from airflow_provider_raytpu.backends.base import Applied
+from airflow_provider_raytpu.capacity import Capacity, parse_capacities
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, RayJobsHook
+from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, check_queue_name, owned_name
+from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
 from airflow_provider_raytpu.manifests.raycluster import (
     DAG_ID_KEY,
     EXPIRES_AT_ANNOTATION,
-    RUN_ID_KEY,
-    ORIGINATED_FROM_LABEL,
     MANAGED_BY,
     MANAGED_BY_LABEL,
+    ORIGINATED_FROM_LABEL,
+    RUN_ID_KEY,
     build_ray_cluster,
     parse_expiry,
     tpu_slice_of,
 )
-from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER
-from airflow_provider_raytpu.backends.base import Applied
-from airflow_provider_raytpu.capacity import Capacity, parse_capacities
 from airflow_provider_raytpu.operators.base import (
     ClusterTaskMixin,
     check_literal,
@@ -170,18 +171,22 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
         with fail_fast():
             kinds = parse_capacities(self.capacity)
             for kind in kinds:
-                TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host, kind)
+                self._slice(kind)
             parse_fallback_after(self.fallback_after, kinds)
             cluster = self.backend.get_cluster(self._name(context), self.resolved_namespace()) if kinds[1:] else None
             index, tried = resume_at(cluster, kinds)
         return self.try_capacity(context, kinds, index, tried)
 
+    def _slice(self, capacity: Capacity) -> TpuSlice:
+        return TpuSlice.from_fields(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host,
+                                    capacity)
+
     def _name(self, context: Context) -> str:
-        return resource_name(self.cluster_name or default_cluster_name(context), "cluster_name")
+        return self.resolved_name() if self.cluster_name else default_cluster_name(context)
 
     def apply_on(self, context: Context, capacity: Capacity) -> dict[str, Any]:
         with fail_fast():
-            tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host, capacity)
+            tpu = self._slice(capacity)
             check_offered(tpu, self.hook.settings.backend, self.log)
             options = RayClusterOptions.from_value(self.cluster_options).queued_in(check_queue_name(self.queue_name))
             update_if_exists = parse_bool(self.update_if_exists, "update_if_exists")
@@ -193,7 +198,7 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
                 tpu=tpu,
                 options=options,
                 origin=origin_of(context),
-                expires_at=datetime.now(timezone.utc) + lifetime_on(tpu, self.max_lifetime),
+                expires_at=datetime.now(UTC) + lifetime_on(tpu, self.max_lifetime),
             )
             self.log.info("RayCluster %s/%s: %s", namespace, name, tpu.describe())
             result = self.backend.apply_cluster(manifest, update_if_exists=update_if_exists)
@@ -262,7 +267,7 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         result = super().execute(context)
-        gone = datetime.now(timezone.utc)
+        gone = datetime.now(UTC)
         prices = check_prices(self.chip_hour_prices) if self.chip_hour_prices is not None else dict(
             self.hook.settings.chip_hour_prices or {})
         usages = [tpu_usage(cluster, pods, tpu, gone, prices)
@@ -325,10 +330,11 @@ class DeleteExpiredRayClustersOperator(ClusterTaskMixin, BaseOperator):
         self.namespace = namespace
         self.all_namespaces = all_namespaces
         self.raytpu_conn_id = raytpu_conn_id
-        self.dry_run = dry_run
+        # Not ``self.dry_run``: that would hide BaseOperator.dry_run(), which renders the templates.
+        self.report_only = dry_run
 
     def execute(self, context: Context) -> list[str]:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         expired = []
         with fail_fast():
             scope = None if self.all_namespaces else self.resolved_namespace()
@@ -347,8 +353,8 @@ class DeleteExpiredRayClustersOperator(ClusterTaskMixin, BaseOperator):
                     self.log.info("RayCluster %s expired at %s but is not deleted: %s", where, expiry, in_use)
                     continue
                 expired.append(where)
-                self.log.info("RayCluster %s expired at %s%s", where, expiry, " (dry run)" if self.dry_run else "")
-                if not self.dry_run:
+                self.log.info("RayCluster %s expired at %s%s", where, expiry, " (dry run)" if self.report_only else "")
+                if not self.report_only:
                     self.backend.delete_cluster(metadata["name"], metadata["namespace"])
         return expired
 

@@ -6,10 +6,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+
 from airflow_provider_raytpu.backends.apply import SERVICE_OWNER
 from airflow_provider_raytpu.backends.base import Applied
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, owned_name, resource_name
+from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, owned_name
 from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
 from airflow_provider_raytpu.manifests.raycluster import tpu_slice_of
 from airflow_provider_raytpu.manifests.rayservice import (
@@ -211,13 +212,12 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
 
     def _deploy(self, context: Context) -> dict[str, Any]:
         with fail_fast():
-            tpu = TpuSlice(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host,
-                           self.capacity)
+            tpu = TpuSlice.from_fields(self.accelerator, self.topology, self.num_slices, self.spot,
+                                       self.chips_per_host, self.capacity)
             check_offered(tpu, self.hook.settings.backend, self.log)
             options = RayClusterOptions.from_value(self.cluster_options)
             in_place = parse_bool(self.in_place, "in_place")
-            name = resource_name(self.service_name or default_service_name(context), "service_name",
-                                 RAY_SERVICE_NAME_LIMIT)
+            name = self.resolved_name() if self.service_name else default_service_name(context)
             namespace = self.resolved_namespace()
             backend = self.service_backend
             current = backend.get_service(name, namespace)
@@ -247,7 +247,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
 def apply_logged(task: ServiceTaskMixin, context: Context, manifest: dict[str, Any]) -> None:
     """Apply a RayService manifest, with progress lines while the apply blocks (a promotion waits for
     its serving cluster's head); say what happened and push the task's Serve links."""
-    backend, log = task.service_backend, task.log  # type: ignore[attr-defined]
+    backend, log = task.service_backend, task.log
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
     version = service_version(manifest)
     with progress(log, f"Applying version {version!r} to RayService {namespace}/{name}",
@@ -282,12 +282,12 @@ def roll_back(task: ServiceTaskMixin, context: Context, name: str, namespace: st
                                 "Deploy a version first; rollback promotes the one before the current")
     origin = origin_of(context)
     if rolled_back_by(current, origin):
-        task.log.info("RayService %s/%s: an earlier try of this task rolled back to %r; keeping it",  # type: ignore[attr-defined]
+        task.log.info("RayService %s/%s: an earlier try of this task rolled back to %r; keeping it",
                       namespace, name, service_version(current))
         push_service_links(context, task.service_backend, name, namespace, current)
         return service_reference(task, current)
     manifest = rolled_back_service(current, in_place=in_place, origin=origin)
-    task.log.info("RayService %s/%s: rolling back from %r to %r", namespace, name,  # type: ignore[attr-defined]
+    task.log.info("RayService %s/%s: rolling back from %r to %r", namespace, name,
                   service_version(current), service_version(manifest))
     apply_logged(task, context, manifest)
     return service_reference(task, manifest)
@@ -325,7 +325,7 @@ class RollbackRayServiceOperator(ServiceTaskMixin, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
-            name = resource_name(self.require_name(), "service_name", RAY_SERVICE_NAME_LIMIT)
+            name = self.resolved_name()
             namespace = self.resolved_namespace()
             current = self.service_backend.get_service(name, namespace)
             return roll_back(self, context, name, namespace, current, parse_bool(self.in_place, "in_place"))

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, TriggerRule
+
 from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
@@ -108,7 +109,7 @@ class RunReportOperator(TeardownWhateverHappenedMixin, BaseOperator):
             results[task_id] = ti.xcom_pull(task_ids=task_id)
         breadcrumbs = RuntimeTaskInstance.get_task_breadcrumbs(ti.dag_id, ti.run_id)
         tasks = [t for t in breadcrumbs if t["task_id"] != self.task_id]
-        return build_report(ti.dag_id, ti.run_id, datetime.now(timezone.utc), tasks, spans, usages, results,
+        return build_report(ti.dag_id, ti.run_id, datetime.now(UTC), tasks, spans, usages, results,
                             attempts)
 
     def execute(self, context: Context) -> dict[str, Any]:

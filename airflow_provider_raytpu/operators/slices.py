@@ -14,6 +14,7 @@ from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.gke_tpu import offered_shapes
 from airflow_provider_raytpu.operators.base import is_templated
+from airflow_provider_raytpu.progress import TaskLog
 from airflow_provider_raytpu.tpu import TpuSlice
 
 SLICE_FIELDS = ("accelerator", "topology", "num_slices", "spot", "chips_per_host", "capacity")
@@ -39,7 +40,7 @@ def backend_named_in_environment(conn_id: str | None) -> str | None:
     return backend[0] if backend else None
 
 
-def check_offered(tpu: TpuSlice, backend: str | None, log: logging.Logger | Any) -> None:
+def check_offered(tpu: TpuSlice, backend: str | None, log: TaskLog) -> None:
     """Refuse a shape GKE does not offer on a backend that makes only GKE's node pools; on ``kubernetes``
     (TPU nodes of your own), use it with one warning.
 
@@ -70,6 +71,6 @@ def check_literal_slice(*fields: Any, raytpu_conn_id: Any = None) -> None:
     """
     if any(is_templated(value) for value in fields):
         return
-    tpu = TpuSlice(*fields)
+    tpu = TpuSlice.from_fields(*fields)
     if not is_templated(raytpu_conn_id):
         check_offered(tpu, backend_named_in_environment(raytpu_conn_id), logging.getLogger(__name__))

@@ -9,23 +9,23 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
-from airflow_provider_raytpu.manifests.names import resource_name
+from airflow.sdk.exceptions import AirflowSensorTimeout
+
 from airflow_provider_raytpu.operators.base import (
-    ClusterTaskMixin,
     default_deferrable,
     fail_fast,
     sensor_poke_interval,
 )
+from airflow_provider_raytpu.operators.cluster_ready import ClusterReadyWait
 from airflow_provider_raytpu.operators.links import RayDashboardLink, push_dashboard_link
-from airflow_provider_raytpu.status import ClusterStatus, Phase, ReconcileFailureGrace
-from airflow_provider_raytpu.triggers.raycluster import DEFAULT_GRACE_PERIOD, RayClusterReadyTrigger
+from airflow_provider_raytpu.status import ReconcileFailureGrace
+from airflow_provider_raytpu.triggers.raycluster import DEFAULT_GRACE_PERIOD
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
+class RayClusterReadySensor(ClusterReadyWait, BaseSensorOperator):
     """Succeed when the RayCluster's head and every TPU host of every slice are ready.
 
     Deferrable when ``[operators] default_deferrable`` says so, or with ``deferrable=True``:
@@ -88,26 +88,18 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
         self.grace_period = grace_period
         self.confirm_with_ray = confirm_with_ray
 
-    def _target(self) -> tuple[str, str]:
-        with fail_fast():
-            return resource_name(self.require_name(), "cluster_name"), self.resolved_namespace()
+    @property
+    def ready_timeout(self) -> float:
+        return float(self.timeout)
 
-    def _finish(self, status: ClusterStatus, name: str, namespace: str) -> dict[str, Any] | None:
-        if status.phase is Phase.READY:
-            self.log.info("RayCluster %s/%s is ready: %s", namespace, name, status.message)
-            return status.to_dict()
-        if status.phase is Phase.FAILED:
-            raise AirflowFailException(f"RayCluster {namespace}/{name} failed: {status.message}")
-        if status.phase is Phase.GONE:
-            raise AirflowException(f"RayCluster {namespace}/{name} is gone: {status.message}")
-        return None
+    @property
+    def ready_grace(self) -> float:
+        return self.grace_period
 
     def poke(self, context: Context) -> PokeReturnValue:
-        name, namespace = self._target()
-        with fail_fast():
-            status = self.backend.cluster_status(name, namespace, confirm_with_ray=self.confirms_with_ray)
-        status = self._grace.judge(status, time.time())
-        done = self._finish(status, name, namespace)
+        name, namespace = self.ready_target()
+        status = self._grace.judge(self.read_status(name, namespace), time.time())
+        done = self.ready_outcome(status, name, namespace)
         if done is None:
             self.log.info("RayCluster %s/%s: %s", namespace, name, status.message)
         return PokeReturnValue(is_done=done is not None, xcom_value=done)
@@ -117,47 +109,22 @@ class RayClusterReadySensor(ClusterTaskMixin, BaseSensorOperator):
         return ReconcileFailureGrace(self.grace_period)
 
     def execute(self, context: Context) -> dict[str, Any] | None:
-        name, namespace = self._target()
+        name, namespace = self.ready_target()
         with fail_fast():
             push_dashboard_link(context, self.backend, name, namespace)
         if not self.deferrable:
             try:
-                return super().execute(context)
-            except AirflowSensorTimeout:
-                diagnosis = self.backend.diagnose(name, namespace, confirm_with_ray=self.confirms_with_ray)
-                raise AirflowSensorTimeout(self._timed_out(name, namespace, diagnosis))
+                done: dict[str, Any] | None = super().execute(context)
+                return done
+            except AirflowSensorTimeout as exc:
+                with fail_fast():
+                    diagnosis = self.backend.diagnose(name, namespace, confirm_with_ray=self.confirms_with_ray)
+                raise AirflowSensorTimeout(self.not_ready_after(name, namespace, diagnosis)) from exc
         first = self.poke(context)
         if first.is_done:
             return first.xcom_value
-        self.log.info("RayCluster %s/%s not ready yet; deferring", namespace, name)
-        self.defer(
-            trigger=RayClusterReadyTrigger(
-                cluster_name=name,
-                namespace=namespace,
-                raytpu_conn_id=self.conn_id,
-                deadline=time.time() + self.timeout,
-                poll_interval=self.poke_interval,
-                grace_period=self.grace_period,
-                confirm_with_ray=self.confirms_with_ray,
-            ),
-            method_name="execute_complete",
-            # The trigger fires its own timeout with a diagnosis first; this is only a backstop.
-            timeout=timedelta(seconds=self.timeout + 120),
-        )
-        return None
-
-    def _timed_out(self, name: str, namespace: str, diagnosis: str) -> str:
-        return f"RayCluster {namespace}/{name} not ready after {self.timeout:.0f} s.\n{diagnosis}"
+        self.log.info("RayCluster %s/%s is not ready yet; waiting up to %.0f s", namespace, name, self.ready_timeout)
+        self.defer_until_ready(name, namespace, self.poke_interval, "execute_complete")
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        name, namespace = event["cluster_name"], event["namespace"]
-        if event["status"] == "TIMEOUT":
-            raise AirflowSensorTimeout(self._timed_out(name, namespace, event["diagnosis"]))
-        if event["status"] == "ERROR":
-            raise AirflowFailException(event["message"])
-        if event["status"] == "UNREACHABLE":  # not the sensor's timeout: a retry may find the API back
-            raise AirflowException(event["message"])
-        done = self._finish(ClusterStatus.from_dict(event["cluster"]), name, namespace)
-        if done is None:
-            raise AirflowException(f"Unexpected event for RayCluster {namespace}/{name}: {event}")
-        return done
+        return self.ready_from_event(event, AirflowSensorTimeout)

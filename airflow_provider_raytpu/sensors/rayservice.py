@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
+
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, resource_name
 from airflow_provider_raytpu.operators.base import (
     ServiceTaskMixin,
     default_deferrable,
@@ -148,8 +148,7 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
         with fail_fast():
             version = self.version if self.version not in ("", "None") else None
             parse_smoke_request(self.smoke_request)
-            return (resource_name(self.require_name(), "service_name", RAY_SERVICE_NAME_LIMIT),
-                    self.resolved_namespace(), version)
+            return self.resolved_name(), self.resolved_namespace(), version
 
     def _finish(self, status: ServiceStatus, name: str, namespace: str) -> dict[str, Any] | None:
         where = f"RayService {namespace}/{name}"
@@ -183,11 +182,11 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
                 code, body = 0, str(exc).encode()
             if 200 <= code < 300:
                 try:
-                    answer: Any = json.loads(body) if body else None
+                    payload: Any = json.loads(body) if body else None
                 except ValueError:
-                    answer = body.decode(errors="replace")[:BODY_LIMIT]
+                    payload = body.decode(errors="replace")[:BODY_LIMIT]
                 self.log.info("Smoke request %s %s answered %s", smoke["method"], smoke["path"], code)
-                return {"status": code, "json": answer}
+                return {"status": code, "json": payload}
             if time.monotonic() > deadline:
                 raise AirflowFailException(
                     f"RayService {namespace}/{name} runs, but the smoke request {smoke['method']} {smoke['path']} "
@@ -245,7 +244,8 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
             push_service_links(context, services, name, namespace, services.get_service(name, namespace))
         if not self.deferrable:
             try:
-                return super().execute(context)
+                done: dict[str, Any] | None = super().execute(context)
+                return done
             except DeployingTooLong:
                 raise
             except AirflowSensorTimeout as exc:
@@ -270,7 +270,6 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
             # The trigger fires its own timeout with a diagnosis first; this is only a backstop.
             timeout=timedelta(seconds=self.timeout + 120),
         )
-        return None
 
     def _timed_out(self, name: str, namespace: str, diagnosis: str) -> str:
         return f"RayService {namespace}/{name} does not serve the version after {self.timeout:.0f} s.\n{diagnosis}"

@@ -18,10 +18,10 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypedDict
 
 from airflow_provider_raytpu.status.conditions import conditions, is_true, parse_time
-from airflow_provider_raytpu.status.plain import plain
+from airflow_provider_raytpu.status.plain import plain_fields
 
 REPLICA_INDEX_LABEL = "ray.io/worker-group-replica-index"
 HOST_INDEX_LABEL = "ray.io/replica-host-index"
@@ -106,7 +106,7 @@ class ClusterStatus:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (lists, not tuples): the sensor returns it as its XCom."""
-        return plain(self)
+        return plain_fields(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterStatus:
@@ -119,6 +119,15 @@ class ClusterStatus:
         )
 
 
+class _CommonFields(TypedDict):
+    """The :class:`ClusterStatus` fields :func:`read_ray_cluster` gives whatever the phase."""
+
+    head_ready: bool
+    ready_hosts: int
+    desired_hosts: int
+    slices: tuple[SliceStatus, ...]
+
+
 def desired_hosts(cluster: Mapping[str, Any]) -> int:
     """TPU/worker host pods the spec asks for: replicas x numOfHosts over active groups."""
     total = 0
@@ -128,7 +137,9 @@ def desired_hosts(cluster: Mapping[str, Any]) -> int:
     return total
 
 
-def read_ray_cluster(cluster: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]] | None = None) -> ClusterStatus:
+def read_ray_cluster(
+    cluster: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]] | None = None
+) -> ClusterStatus:
     """Interpret a RayCluster object (``None`` when it does not exist).
 
     :param cluster: the RayCluster as returned by the API server.
@@ -144,7 +155,7 @@ def read_ray_cluster(cluster: Mapping[str, Any] | None, pods: Iterable[Mapping[s
     reported_want = status.get("desiredWorkerReplicas")
     ready = int(status.get("readyWorkerReplicas") or 0)
     head_ready = is_true(by_type.get("HeadPodReady"))
-    common = {"head_ready": head_ready, "ready_hosts": ready, "desired_hosts": want, "slices": slices}
+    common: _CommonFields = {"head_ready": head_ready, "ready_hosts": ready, "desired_hosts": want, "slices": slices}
 
     if metadata.get("deletionTimestamp"):
         return ClusterStatus(Phase.GONE, "the RayCluster is being deleted", **common)

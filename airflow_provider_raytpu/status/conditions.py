@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 
 def conditions(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -15,12 +15,14 @@ def conditions(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {c.get("type", ""): c for c in status.get("conditions") or []}
 
 
-def is_true(condition: Mapping[str, Any] | None) -> bool:
+def is_true(condition: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
     """Whether a condition is present and ``True``.
 
     :param condition: the condition, ``None`` when it is not set.
     """
-    return bool(condition) and condition.get("status") == "True"
+    if not condition:
+        return False
+    return condition.get("status") == "True"
 
 
 def parse_time(text: str) -> datetime:

@@ -68,7 +68,8 @@ def _pod_reason(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> 
     ]
     if waiting:
         return f"{waiting[0].get('reason', 'waiting')}: {waiting[0].get('message', '')}".rstrip(": ")
-    return status.get("phase", "unknown phase")
+    phase: str = status.get("phase", "unknown phase")
+    return phase
 
 
 def describe_replicas(details: Mapping[str, Any]) -> list[str]:

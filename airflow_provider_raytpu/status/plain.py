@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 def plain(value: Any) -> Any:
@@ -25,3 +28,11 @@ def plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [plain(item) for item in value]
     return value
+
+
+def plain_fields(value: DataclassInstance) -> dict[str, Any]:
+    """A dataclass instance as :func:`plain` gives it: its fields as a dict of plain JSON.
+
+    :param value: a dataclass instance.
+    """
+    return {str(key): plain(item) for key, item in asdict(value).items()}

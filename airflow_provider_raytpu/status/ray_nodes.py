@@ -30,7 +30,8 @@ from airflow_provider_raytpu.status.cluster import (
     Phase,
     pod_is_ready,
 )
-from airflow_provider_raytpu.tpu import TPU_RESOURCE, plural
+from airflow_provider_raytpu.tpu import TPU_RESOURCE
+from airflow_provider_raytpu.values import plural
 
 SLICE_NAME_LABEL = "ray.io/tpu-slice-name"
 WORKER_ID_LABEL = "ray.io/tpu-worker-id"
@@ -238,7 +239,9 @@ def _sizes(sizes: list[int]) -> str:
     return ", ".join(str(s) for s in sizes)
 
 
-def confirm_with_ray(status: ClusterStatus, pods: Iterable[Mapping[str, Any]], nodes: Iterable[RayNode]) -> ClusterStatus:
+def confirm_with_ray(
+    status: ClusterStatus, pods: Iterable[Mapping[str, Any]], nodes: Iterable[RayNode]
+) -> ClusterStatus:
     """``status`` (READY by its pods) as Ray sees it: READY when Ray can reserve every slice, else
     PROVISIONING with reason :data:`RAY_UNCONFIRMED` and what Ray lacks."""
     check = check_ray_nodes(tpu_hosts(pods), nodes)

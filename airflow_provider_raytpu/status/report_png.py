@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from airflow_provider_raytpu.status.run_report import PROVISIONING, report_table, timeline_rows
@@ -42,7 +43,8 @@ def render_timeline(report: Mapping[str, Any]) -> bytes:
     times = [t for row in rows for bar in row.bars for t in bar[:2]] + [t for row in rows for t in row.marks]
     origin = min(times) if times else None
 
-    def minutes(when: Any) -> float:
+    def minutes(when: datetime) -> float:
+        assert origin is not None  # asked only of the times, so there is one
         return (when - origin).total_seconds() / 60
 
     figure = Figure(figsize=(11, 1.6 + 0.34 * max(len(rows), 1) + 0.24 * len(table)), dpi=110, layout="constrained")

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from airflow_provider_raytpu.status.conditions import conditions, is_true
-from airflow_provider_raytpu.status.plain import plain
+from airflow_provider_raytpu.status.plain import plain_fields
 
 MODEL_VERSION_KEY = "raytpu.dev/model-version"
 UPDATE_KEY = "raytpu.dev/update"
@@ -117,7 +117,7 @@ class ServiceStatus:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (lists, not tuples): the sensor returns it as its XCom."""
-        return plain(self)
+        return plain_fields(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ServiceStatus:
@@ -137,6 +137,11 @@ def spec_applications(service: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []
     apps = (config or {}).get("applications") if isinstance(config, dict) else None
     return [a for a in apps or [] if isinstance(a, dict)]
+
+
+def _app_name(app: Mapping[str, Any]) -> Any:
+    """An application's ``name`` in the spec's YAML: any YAML value, ``None`` when it has none."""
+    return app.get("name")
 
 
 def runs_config(details: Mapping[str, Any] | None, app: Mapping[str, Any]) -> bool:
@@ -202,7 +207,8 @@ class _Observed:
     active_runs_spec: bool
     active_version: str | None
     pending_version: str | None
-    missing: list[str | None]
+    #: names of the spec's applications Serve does not report, as the spec's YAML gives them (``None`` when unnamed)
+    missing: list[Any]
     unconfirmed: list[str]
     confirmed: bool
 
@@ -246,7 +252,7 @@ def _observe(
 
     wanted = spec_applications(service)
     unconfirmed = [] if serve_applications is None else [
-        a["name"] for a in wanted if not runs_config(serve_applications.get(a.get("name")), a)]
+        a["name"] for a in wanted if not runs_config(serve_applications.get(_app_name(a)), a)]
     confirmed = not unconfirmed and (serve_applications is not None or notes.get(UPDATE_KEY) != "in-place")
     active_version = _cluster_version(active_cluster, spec_cluster, spec_version)
     if active_runs_spec and (not confirmed or not active_apps or any(a.status != APP_RUNNING for a in active_apps)):
@@ -268,7 +274,7 @@ def _observe(
         active_runs_spec=active_runs_spec,
         active_version=active_version,
         pending_version=_cluster_version(pending_cluster, spec_cluster, spec_version) if pending_name else None,
-        missing=[a.get("name") for a in wanted if a.get("name") not in reported],
+        missing=[_app_name(a) for a in wanted if _app_name(a) not in reported],
         unconfirmed=unconfirmed,
         confirmed=confirmed,
     )

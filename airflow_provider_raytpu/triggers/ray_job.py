@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+
 from airflow_provider_raytpu.hooks.job_log import JobLogFollower, job_message, mask_secret_arguments
 from airflow_provider_raytpu.hooks.outage import DEFAULT_UNREACHABLE_GRACE, Outage
 from airflow_provider_raytpu.hooks.ray_jobs import TERMINAL, RayJobsHook
@@ -174,7 +175,8 @@ class RayJobTrigger(BaseTrigger):
         return None
 
     def _quiet_line(self, job: dict[str, Any] | None, *outages: Outage) -> str:
-        """What the log says while the job is quiet: the outage going on (what, for how long, why), or the job's status."""
+        """What the log says while the job is quiet: the outage going on (what, for how long, why), or the job's
+        status."""
         if (outage := next((o for o in outages if o.since is not None), None)) is not None:
             return f"Ray job {self.submission_id}: {outage.describe(*self._failed_read)}"
         status = job["status"] if job is not None else "status not read yet"
@@ -264,7 +266,8 @@ class RayJobTrigger(BaseTrigger):
             return 0
         if not (isinstance(saved, dict) and saved.get("submission_id") == self.submission_id):
             return 0
-        logged, confirmed = int(saved["logged_chars"]), int(saved.get("confirmed_chars", saved["logged_chars"]))
+        record: dict[str, Any] = saved
+        logged, confirmed = int(record["logged_chars"]), int(record.get("confirmed_chars", record["logged_chars"]))
         if confirmed < logged:
             self._again_until = logged
             self.log.warning("The triggerer that followed Ray job %s stopped while writing the %d characters of its "

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.hooks.outage import DEFAULT_UNREACHABLE_GRACE, Outage, is_transient, problem_of
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 from airflow_provider_raytpu.progress import Heartbeat
@@ -152,9 +153,9 @@ class RayServiceRunningTrigger(BaseTrigger):
         try:
             while True:
                 now = time.time()
-                waits = [w for w in (clock.seconds_left(now), unhealthy.seconds_left(now),
-                                     heartbeat.seconds_left(),
-                                     self.poll_interval if last is not None and last.refresh else None) if w is not None]
+                waits = [w for w in (clock.seconds_left(now), unhealthy.seconds_left(now), heartbeat.seconds_left(),
+                                     self.poll_interval if last is not None and last.refresh else None)
+                         if w is not None]
                 try:
                     item = await asyncio.wait_for(queue.get(), timeout=min(waits) if waits else None)
                 except TimeoutError:

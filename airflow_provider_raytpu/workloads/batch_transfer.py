@@ -21,7 +21,7 @@ Slicing is exact and ``astype`` inside ``jit`` is the same XLA conversion as Ray
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
@@ -59,7 +59,7 @@ class BatchTransfer:
         conversion does not take (text, a column missing from ``dtypes``), so the error is Ray's.
     """
 
-    def __init__(self, sharding: Any, dtypes: Any, convert_one_by_one: Any) -> None:
+    def __init__(self, sharding: Any, dtypes: Any, convert_one_by_one: Callable[..., dict[str, Any]]) -> None:
         import jax
 
         self._jax = jax
@@ -80,7 +80,7 @@ class BatchTransfer:
         if not all(isinstance(d, Hashable) for d in (self._dtypes.values() if isinstance(self._dtypes, dict)
                                                      else [self._dtypes])):
             return False  # the cached split function is looked up by dtype
-        issubdtype = self._jax.dtypes.issubdtype
+        issubdtype = self._jax.numpy.issubdtype  # calls jax.dtypes.issubdtype, which jax.dtypes does not export
         return all(issubdtype(c.dtype, np.number) or c.dtype == np.bool_ for c in batch.values())
 
     def _convert(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -103,8 +103,10 @@ class BatchTransfer:
         arrays = self._jax.make_array_from_process_local_data(self._sharding, host, shapes)
 
         to_split = tuple(arrays[: len(stacks)])
-        to_cast = [(name, array) for name, array in zip(alone, arrays[len(stacks):]) if casts[name] is not None]
-        out = dict(zip(alone, arrays[len(stacks):]))
+        # arrays: one per stack, then one per column alone (host's order)
+        to_cast = [(name, array) for name, array in zip(alone, arrays[len(stacks):], strict=True)
+                   if casts[name] is not None]
+        out = dict(zip(alone, arrays[len(stacks):], strict=True))
         if stacks or to_cast:
             split = _splitter(self._sharding, tuple(tuple(m) for m in stacks), tuple(name for name, _ in to_cast),
                               tuple(casts.items()))
@@ -126,10 +128,10 @@ def _splitter(
 
     def split(stacked: tuple[Any, ...], to_cast: tuple[Any, ...]) -> dict[str, Any]:
         out = {}
-        for members, array in zip(stacks, stacked):
+        for members, array in zip(stacks, stacked, strict=True):
             for index, name in enumerate(members):
                 out[name] = array[:, index]
-        out.update(zip(cast_names, to_cast))
+        out.update(zip(cast_names, to_cast, strict=True))
         # Ray: physical_array.astype(dtype) when a dtype is given (jax_util.py).
         return {name: (a if dtype_of[name] is None else a.astype(dtype_of[name])) for name, a in out.items()}
 
@@ -140,4 +142,4 @@ def _is_canonical(dtype: np.dtype) -> bool:
     """Whether JAX keeps this numpy dtype as it is (no float64 -> float32 when x64 is off)."""
     import jax
 
-    return dtype != object and jax.dtypes.canonicalize_dtype(dtype) == dtype
+    return dtype != np.dtype(object) and jax.dtypes.canonicalize_dtype(dtype) == dtype

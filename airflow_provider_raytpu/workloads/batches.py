@@ -190,7 +190,8 @@ def _collate_fn(batch_size: int, pad: bool, pad_value: float, columns: list[str]
     from ray.data.collate_fn import NumpyBatchCollateFn
 
     class SelectPadMask(NumpyBatchCollateFn):
-        def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        # Ray declares the result as a TypeVar bound to nothing (ray.data.dataset.CollatedData): any type is right.
+        def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:  # type: ignore[override]
             return _collate(batch, batch_size, pad, pad_value, columns)
 
     return SelectPadMask()

@@ -50,7 +50,7 @@ def read_dataset(uri: str, fmt: str | None = None, **read_args: Any) -> ray.data
 
 
 def write_parquet_replacing(dataset: ray.data.Dataset, uri: str, owner: str = "",
-                            **write_args: Any) -> tuple[Location, WriteResult]:
+                            **write_args: Any) -> tuple[Location, WriteResult[int | None]]:
     """Write ``dataset`` as parquet so that ``uri`` ends up holding exactly this output; where, and what the
     write reported (:class:`~airflow_provider_raytpu.workloads.row_tally.CountingParquetSink`).
 

@@ -118,7 +118,7 @@ def transform_dataset(dataset: Any, spec: PreprocessSpec, tally: Any = None) -> 
     if spec.batch_size is not None:
         options["batch_size"] = spec.batch_size
     if inspect.isclass(transform):
-        if not callable(getattr(transform, "__call__", None)):
+        if "__call__" not in dir(transform):  # its instances are what Ray calls
             raise TypeError(f"{spec.transform} is a class without __call__(batch)")
         options["compute"] = ActorPoolStrategy(size=spec.concurrency or 1)
         options["fn_constructor_kwargs"] = spec.transform_kwargs

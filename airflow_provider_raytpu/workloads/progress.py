@@ -18,6 +18,7 @@ seconds before a failure may not be recorded). The training task reads them afte
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -106,7 +107,7 @@ def training_progress(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | 
     if not attempts:
         return None
     lost = []
-    for before, after in zip(attempts, attempts[1:]):
+    for before, after in itertools.pairwise(attempts):
         reached, resumed = int(before["reached"]), int(after["first_step"])
         if resumed > int(before["first_step"]):
             reached = max(reached, resumed)  # it wrote that checkpoint: its record was older

@@ -28,7 +28,7 @@ the job counts its input again.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 from ray.data._internal.datasource.parquet_datasink import ParquetDatasink
@@ -86,18 +86,19 @@ class CountingParquetSink(ParquetDatasink):
     """Ray's parquet datasink (what ``Dataset.write_parquet`` uses), returning from each write the rows its task
     read (``None`` when no counting step ran in it), and keeping the :class:`WriteResult` as ``written``."""
 
-    written: WriteResult | None = None
+    written: WriteResult[int | None] | None = None
 
-    def write(self, blocks: Iterable[Block], ctx: TaskContext) -> int | None:
+    # Ray's file datasinks are Datasink[None], but Ray collects whatever write returns into the WriteResult.
+    def write(self, blocks: Iterable[Block], ctx: TaskContext) -> int | None:  # type: ignore[override]
         super().write(blocks, ctx)  # consuming the blocks runs the steps fused before the write
         return ctx.kwargs.get(ROWS_READ)
 
-    def on_write_complete(self, write_result: WriteResult) -> None:
+    def on_write_complete(self, write_result: WriteResult[None]) -> None:
         super().on_write_complete(write_result)
-        self.written = write_result
+        self.written = cast("WriteResult[int | None]", write_result)  # its write_returns are what write returned
 
 
-def rows_read(written: WriteResult, tally: Any = None) -> int | None:
+def rows_read(written: WriteResult[int | None], tally: Any = None) -> int | None:
     """The rows the job read in the pass that wrote ``written``; ``None`` when they were not all counted.
 
     :param written: what the write reported.

@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.workloads.batches import POLICIES, RaggedBatchError, check_batches
@@ -47,6 +47,11 @@ from airflow_provider_raytpu.workloads.steps import (
     read_step_times,
 )
 from airflow_provider_raytpu.workloads.storage import delete_prefix, exists, resolve, uri_for
+
+if TYPE_CHECKING:
+    from ray.train.base_trainer import GenDataset  # the datasets type of JaxTrainer (v2) too
+    from ray.train.v2.api.config import ScalingConfig
+    from ray.train.v2.jax import JaxTrainer
 
 EXIT_FAILED = 1
 # Glob characters in a path break gcsfs (orbax's GCS access), and "/" would nest runs.
@@ -180,7 +185,9 @@ def forget_other_slices(hosts_per_slice: int) -> None:
         del os.environ[name]
 
 
-def scaling_config(tpu: TpuSlice, slices: tuple[int, int] | None = None, resize_interval: float = 60.0) -> Any:
+def scaling_config(
+    tpu: TpuSlice, slices: tuple[int, int] | None = None, resize_interval: float = 60.0
+) -> ScalingConfig:
     """Ray Train's ScalingConfig for whole slices of ``tpu``'s shape: one worker per host, holding its chips.
 
     The per-host chips are given, not left to Ray: ``get_tpu_worker_resources`` (ray/util/tpu.py) assumes
@@ -196,18 +203,21 @@ def scaling_config(tpu: TpuSlice, slices: tuple[int, int] | None = None, resize_
     :param slices: ``(min, max)`` slices to train on, elastically; ``None``: all of ``tpu.num_slices``.
     :param resize_interval: Ray's ``elastic_resize_monitor_interval_s``.
     """
-    from ray.train import ScalingConfig
+    from ray.train.v2.api.config import ScalingConfig  # ray.train's under Ray Train v2 (RAY_TRAIN_V2_ENABLED)
 
     hosts = tpu.hosts_per_slice
-    elastic = {"num_workers": (slices[0] * hosts, slices[1] * hosts),
-               "elastic_resize_monitor_interval_s": resize_interval} if slices else {}
-    return ScalingConfig(
+    whole_slices = functools.partial(
+        ScalingConfig,
         use_tpu=True,
         topology=tpu.topology,
         accelerator_type=tpu.ray_accelerator_type,
         resources_per_worker={"CPU": 1, "TPU": float(tpu.host_chips)},
-        **{"num_workers": hosts * tpu.num_slices, **elastic},
     )
+    if slices:
+        return whole_slices(
+            num_workers=(slices[0] * hosts, slices[1] * hosts), elastic_resize_monitor_interval_s=resize_interval
+        )
+    return whole_slices(num_workers=hosts * tpu.num_slices)
 
 
 def check_datasets(spec: TrainSpec, datasets: dict[str, Any]) -> None:
@@ -227,17 +237,18 @@ def check_datasets(spec: TrainSpec, datasets: dict[str, Any]) -> None:
             raise type(error)(f"dataset {name!r} ({spec.datasets[name]}): {error}") from None
 
 
-def build_trainer(spec: TrainSpec) -> Any:
+def build_trainer(spec: TrainSpec) -> JaxTrainer:
     """The JaxTrainer for ``spec`` (connect to Ray first).
 
     :param spec: the job description.
     """
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+    # Ray Train v2's, which ``ray.train``'s are when it runs (RAY_TRAIN_V2_ENABLED, on by default).
+    from ray.train.v2.api.config import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.v2.jax import JaxTrainer
 
     from airflow_provider_raytpu.workloads.datasets import read_dataset
 
-    datasets = {name: read_dataset(uri) for name, uri in spec.datasets.items()}
+    datasets: dict[str, GenDataset] = {name: read_dataset(uri) for name, uri in spec.datasets.items()}
     check_datasets(spec, datasets)
     storage = resolve(spec.checkpoint_uri)
     return JaxTrainer(
@@ -374,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as error:
-        from ray.train import TrainingFailedError
+        from ray.train.v2.api.exceptions import TrainingFailedError  # what ray.train's is under Ray Train v2
 
         if not isinstance(error, TrainingFailedError):
             raise

@@ -126,7 +126,8 @@ def summary(outcomes: dict[str, dict[str, Any]], total: float) -> str:
         f"  rows processed  {prep['result']['rows_in']} in, {prep['result']['rows_out']} out "
         f"({prep['result']['rows_per_second']:.0f} rows/s) -> {prep['result']['output_uri']}",
         f"  steps trained   {train['result']['steps']} (resumed from step "
-        f"{train['result']['resumed_from_step'] if train['result']['resumed_from_step'] is not None else '- (fresh)'}), "
+        f"{train['result']['resumed_from_step'] if train['result']['resumed_from_step'] is not None else '- (fresh)'}"
+        "), "
         f"loss {train['result']['metrics']['loss']:.4f}, eval loss {train['result']['metrics']['eval_loss']:.4f}",
         f"  checkpoint      {train['result']['checkpoint_uri']}",
         f"  served answer   {json.dumps(answer)}",

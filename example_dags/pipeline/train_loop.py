@@ -152,10 +152,12 @@ def train(config: dict[str, Any], after_step: AfterStep | None = None) -> None:
     holdout_targets = jax.make_array_from_process_local_data(by_row, holdout[1][rows], (global_rows,))
     metrics: dict[str, Any] = {
         "loss": last_loss,
-        "holdout_loss": float(jax.jit(loss_fn, out_shardings=replicated)(state["params"], holdout_features, holdout_targets)),
+        "holdout_loss": float(
+            jax.jit(loss_fn, out_shardings=replicated)(state["params"], holdout_features, holdout_targets)),
     }
     if config["eval_dataset"]:
-        metrics.update(_evaluate(state["params"], ray.train.get_dataset_shard(config["eval_dataset"]), config, eval_step))
+        metrics.update(
+            _evaluate(state["params"], ray.train.get_dataset_shard(config["eval_dataset"]), config, eval_step))
 
     if last_saved < step or restored is None:
         checkpoints.save(step, state, metrics)  # the final state, always checkpointed

@@ -83,7 +83,7 @@ def violations(soak: Soak, run_id: str, *, jobs_ran: bool = True) -> list[str]:
             f"a secret in {where}" for where, text in readable(soak, run_id) if SECRET in text or kube.token in text]
     for task_id in (*FOLLOWED, "failing_job"):
         mine = sorted((j for j in jobs if j["metadata"]["raytpu.task_id"] == task_id), key=lambda j: j["start_time"])
-        for earlier, later in zip(mine, mine[1:]):
+        for earlier, later in zip(mine, mine[1:], strict=False):
             if earlier.get("end_time") is None or later["start_time"] < earlier["end_time"]:
                 found.append(f"{task_id}: Ray jobs {earlier['submission_id']} and {later['submission_id']} ran at once")
         expected = ("FAILED",) if task_id == "failing_job" else ("SUCCEEDED",)

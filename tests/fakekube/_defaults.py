@@ -88,7 +88,8 @@ class CoreDefaults:
                 c.setdefault("terminationMessagePath", "/dev/termination-log")
                 c.setdefault("terminationMessagePolicy", "File")
                 image = c.get("image", "")
-                c.setdefault("imagePullPolicy", "Always" if image.endswith(":latest") or ":" not in image else "IfNotPresent")
+                c.setdefault("imagePullPolicy",
+                             "Always" if image.endswith(":latest") or ":" not in image else "IfNotPresent")
                 c.setdefault("resources", {})
             obj["status"] = {"phase": "Pending", "qosClass": qos_class(obj)}
         elif res.plural == "services":

@@ -23,22 +23,22 @@ class ApiError(Exception):
         return status_body(self.code, self.reason, self.message, self.details)
 
     @classmethod
-    def not_found(cls, res: ResourceType, name: str) -> "ApiError":
+    def not_found(cls, res: ResourceType, name: str) -> ApiError:
         return cls(404, "NotFound", f'{res.qualified} "{name}" not found', res.details(name))
 
     @classmethod
-    def already_exists(cls, res: ResourceType, name: str) -> "ApiError":
+    def already_exists(cls, res: ResourceType, name: str) -> ApiError:
         return cls(409, "AlreadyExists", f'{res.qualified} "{name}" already exists', res.details(name))
 
     @classmethod
-    def conflict(cls, res: ResourceType, name: str, why: str | None = None) -> "ApiError":
+    def conflict(cls, res: ResourceType, name: str, why: str | None = None) -> ApiError:
         why = why or "the object has been modified; please apply your changes to the latest version and try again"
         return cls(409, "Conflict", f'Operation cannot be fulfilled on {res.qualified} "{name}": {why}',
                    res.details(name))
 
     @classmethod
     def forbidden(cls, res: ResourceType | None, verb: str, namespace: str | None, name: str | None,
-                  user: str, subresource: str | None = None) -> "ApiError":
+                  user: str, subresource: str | None = None) -> ApiError:
         plural = res.plural if res else ""
         group = res.group if res else ""
         qualified = f"{plural}.{group}" if group else plural
@@ -56,7 +56,7 @@ class ApiError(Exception):
         return cls(403, "Forbidden", msg, details)
 
     @classmethod
-    def invalid(cls, res: ResourceType, name: str, causes: list[tuple[str, str, str]]) -> "ApiError":
+    def invalid(cls, res: ResourceType, name: str, causes: list[tuple[str, str, str]]) -> ApiError:
         """``causes``: (reason, field, message) like ("FieldValueRequired", "metadata.name", "Required value: ...")."""
         text = ", ".join(f"{f}: {m}" for _, f, m in causes)
         if len(causes) > 1:
@@ -69,16 +69,16 @@ class ApiError(Exception):
         return cls(422, "Invalid", f'{res.qualified_kind} "{name}" is invalid: {text}', details)
 
     @classmethod
-    def bad_request(cls, message: str) -> "ApiError":
+    def bad_request(cls, message: str) -> ApiError:
         return cls(400, "BadRequest", message)
 
     @classmethod
-    def unprocessable(cls, server_message: str) -> "ApiError":
+    def unprocessable(cls, server_message: str) -> ApiError:
         return cls(422, "Invalid", "the server rejected our request due to an error in our request",
                    {"causes": [{"reason": "UnexpectedServerResponse", "message": server_message}]})
 
     @classmethod
-    def unsupported_media_type(cls, content_type: str, res: ResourceType | None) -> "ApiError":
+    def unsupported_media_type(cls, content_type: str, res: ResourceType | None) -> ApiError:
         accepted = ["application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml"]
         if res is not None and not res.custom:
             accepted.insert(2, "application/strategic-merge-patch+json")
@@ -87,11 +87,11 @@ class ApiError(Exception):
                    + ", ".join(accepted))
 
     @classmethod
-    def not_found_path(cls) -> "ApiError":
+    def not_found_path(cls) -> ApiError:
         return cls(404, "NotFound", "the server could not find the requested resource", {})
 
     @classmethod
-    def method_not_allowed(cls) -> "ApiError":
+    def method_not_allowed(cls) -> ApiError:
         return cls(405, "MethodNotAllowed", "the server does not allow this method on the requested resource", {})
 
 

@@ -34,7 +34,7 @@ def owned_by(obj: Mapping, uid: str) -> bool:
 
 
 def _micro_time() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _owner_reference(rc: dict) -> dict:

@@ -93,7 +93,8 @@ class PodLifecycle:
         resources = [c.get("resources") or {} for c in spec.get("containers") or []]
         tpu = any("google.com/tpu" in (r.get("limits") or {}) or "google.com/tpu" in (r.get("requests") or {})
                   for r in resources)
-        pool = (spec.get("nodeSelector") or {}).get("cloud.google.com/gke-nodepool") or ("tpu-pool" if tpu else "default-pool")
+        pool = ((spec.get("nodeSelector") or {}).get("cloud.google.com/gke-nodepool")
+                or ("tpu-pool" if tpu else "default-pool"))
         spec["nodeName"] = f"gke-fake-{pool}-{secrets.token_hex(2)}-{self._node_seq:04d}"
         host_ip = f"10.128.{self._ip_seq // 250}.{self._ip_seq % 250 + 2}"
         pod_ip = f"10.4.{self._ip_seq // 250}.{self._ip_seq % 250 + 2}"

@@ -39,7 +39,8 @@ class SliceReconciler:
             replicas.setdefault(key or pod["metadata"]["name"], []).append(pod)
         # 1. incomplete slices (a host was lost) and 2. slices with a failed host: delete the whole slice
         doomed = [pods for pods in replicas.values()
-                  if len(pods) < hosts or any((p.get("status") or {}).get("phase") in ("Failed", "Succeeded") for p in pods)]
+                  if len(pods) < hosts
+                  or any((p.get("status") or {}).get("phase") in ("Failed", "Succeeded") for p in pods)]
         if doomed:
             for pods in doomed:
                 for pod in pods:

@@ -150,7 +150,8 @@ class Registry:
         if not isinstance(meta, dict):
             raise ApiError.bad_request("metadata must be an object")
         if meta.get("namespace") not in (None, "", namespace):
-            raise ApiError.bad_request("the namespace of the provided object does not match the namespace sent on the request")
+            raise ApiError.bad_request("the namespace of the provided object does not match the namespace sent on "
+                                       "the request")
         meta["namespace"] = namespace
         for key in SYSTEM_META:
             meta.pop(key, None)
@@ -161,7 +162,8 @@ class Registry:
         if name:
             err = dns_subdomain_error(name)
             if err:
-                raise ApiError.invalid(res, name, [("FieldValueInvalid", "metadata.name", f'Invalid value: "{name}": {err}')])
+                raise ApiError.invalid(res, name, [("FieldValueInvalid", "metadata.name",
+                                                    f'Invalid value: "{name}": {err}')])
         if res.status_subresource and res.custom:
             obj.pop("status", None)
         warnings = self._schema_warnings(res, obj, field_validation)
@@ -201,9 +203,11 @@ class Registry:
         if not isinstance(meta, dict):
             meta = new["metadata"] = {}
         if meta.get("name") not in (None, "", name):
-            raise ApiError.bad_request(f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})")
+            raise ApiError.bad_request(f"the name of the object ({meta.get('name')}) does not match the name on "
+                                       f"the URL ({name})")
         if meta.get("namespace") not in (None, "", namespace):
-            raise ApiError.bad_request("the namespace of the provided object does not match the namespace sent on the request")
+            raise ApiError.bad_request("the namespace of the provided object does not match the namespace sent on "
+                                       "the request")
         given_rv = meta.get("resourceVersion")
         with self.store.lock:
             old = self.store.get(res, namespace, name)
@@ -247,7 +251,8 @@ class Registry:
         if old["metadata"].get("deletionTimestamp") and added:
             raise ApiError.invalid(res, new["metadata"]["name"], [(
                 "FieldValueForbidden", "metadata.finalizers",
-                f"Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {json.dumps(added)}")])
+                "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers "
+                f"{json.dumps(added)}")])
 
     def patch(self, res: ResourceType, namespace: str, name: str, patch: Any, content_type: str,
               subresource: str | None, *, dry_run: bool = False,
@@ -268,7 +273,8 @@ class Registry:
             else:
                 if not isinstance(patch, dict):
                     raise ApiError.bad_request(
-                        f"json: cannot unmarshal {type(patch).__name__} into Go value of type map[string]interface {{}}")
+                        f"json: cannot unmarshal {type(patch).__name__} into Go value of type "
+                        "map[string]interface {}")
                 patched = merge_patch(old, patch)
             if not isinstance(patched, dict):
                 raise ApiError.bad_request("the patched object is not a JSON object")
@@ -292,7 +298,8 @@ class Registry:
             pre = options.get("preconditions") or {}
             if pre.get("uid") and pre["uid"] != old["metadata"]["uid"]:
                 raise ApiError.conflict(res, name, (
-                    f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {old['metadata']['uid']}"))
+                    f"Precondition failed: UID in precondition: {pre['uid']}, "
+                    f"UID in object meta: {old['metadata']['uid']}"))
             if pre.get("resourceVersion") and str(pre["resourceVersion"]) != old["metadata"]["resourceVersion"]:
                 raise ApiError.conflict(res, name, (
                     f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, "

@@ -79,7 +79,8 @@ def verb_of(method: str, route: Route, watch: bool) -> str:
     if route.kind == "proxy":
         return "proxy"
     if route.kind == "collection":
-        return {"GET": "watch" if watch else "list", "POST": "create", "DELETE": "deletecollection"}.get(method, method.lower())
+        return {"GET": "watch" if watch else "list", "POST": "create", "DELETE": "deletecollection"}.get(
+            method, method.lower())
     if route.kind == "object":
         return {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
     if route.kind in ("namespaces",):

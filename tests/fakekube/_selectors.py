@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 
 class SelectorError(ValueError):
     """An unparsable or unsupported selector (the server answers 400)."""
 
 
-_KEY_RE = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_KEY_RE = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                     r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
@@ -114,11 +116,13 @@ def parse_label_selector(selector: str | None) -> list[Requirement]:
             op = ">" if ">" in part else "<"
             key, value = part.split(op, 1)
             if not value.strip().lstrip("-").isdigit():
-                raise SelectorError(f"unable to parse requirement: for 'Gt', 'Lt' operators, the value must be an integer: {part!r}")
+                raise SelectorError("unable to parse requirement: for 'Gt', 'Lt' operators, the value must be an "
+                                    f"integer: {part!r}")
             reqs.append(Requirement(_check_key(key.strip(), part), "gt" if op == ">" else "lt", (value.strip(),)))
         else:
             if " " in part:
-                raise SelectorError(f"unable to parse requirement: found '{part.split()[1]}', expected: in, notin, =, ==, !=, gt, lt")
+                raise SelectorError(f"unable to parse requirement: found '{part.split()[1]}', "
+                                    "expected: in, notin, =, ==, !=, gt, lt")
             reqs.append(Requirement(_check_key(part, part), "exists"))
     return reqs
 
@@ -180,7 +184,7 @@ EXTRA_FIELDS: dict[str, dict[str, FieldGetter]] = {
         "status.nominatedNodeName": lambda o: _dotted(o, "status.nominatedNodeName"),
     },
     "events": {
-        **{f"involvedObject.{f}": (lambda f: lambda o: _dotted(o, f"involvedObject.{f}"))(f)
+        **{f"involvedObject.{f}": (lambda field: lambda o: _dotted(o, f"involvedObject.{field}"))(f)
            for f in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")},
         "reason": lambda o: _dotted(o, "reason"),
         "reportingComponent": lambda o: _dotted(o, "reportingComponent"),
@@ -195,7 +199,8 @@ EXTRA_FIELDS: dict[str, dict[str, FieldGetter]] = {
 }
 
 
-def parse_field_selector(selector: str | None, plural: str, *, custom: bool) -> list[tuple[FieldRequirement, FieldGetter]]:
+def parse_field_selector(selector: str | None, plural: str, *,
+                         custom: bool) -> list[tuple[FieldRequirement, FieldGetter]]:
     """Parse a field selector; unsupported fields raise SelectorError with the real server's message."""
     if selector is None or not selector.strip():
         return []
@@ -217,7 +222,8 @@ def parse_field_selector(selector: str | None, plural: str, *, custom: bool) -> 
         field = field.strip()
         if field not in supported:
             if custom:
-                raise SelectorError(f'"{field}" is not a known field selector: only "metadata.name", "metadata.namespace"')
+                raise SelectorError(f'"{field}" is not a known field selector: '
+                                    'only "metadata.name", "metadata.namespace"')
             raise SelectorError(f"field label not supported: {field}")
         out.append((FieldRequirement(field, op, value.strip()), supported[field]))
     return out

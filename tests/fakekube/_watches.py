@@ -270,7 +270,7 @@ class ChangeFeed:
                 wait = max(0.0, min(waits) - loop.time()) if waits else None
                 try:
                     type_, obj = await asyncio.wait_for(watch.queue.get(), wait)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     now = loop.time()
                     if deadline is not None and now >= deadline:
                         break

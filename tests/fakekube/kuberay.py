@@ -93,7 +93,7 @@ class KubeRayReactor(PodLifecycle, SliceReconciler, StatusWriters):
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self) -> "KubeRayReactor":
+    def start(self) -> KubeRayReactor:
         if self._unsubscribe is None:
             self._unsubscribe = self.server.on_change(self._on_change)
             for rc in self.server.list_objects("rayclusters"):
@@ -115,7 +115,7 @@ class KubeRayReactor(PodLifecycle, SliceReconciler, StatusWriters):
             except (AssertionError, RuntimeError):
                 pass
 
-    def __enter__(self) -> "KubeRayReactor":
+    def __enter__(self) -> KubeRayReactor:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -242,14 +242,16 @@ class KubeRayReactor(PodLifecycle, SliceReconciler, StatusWriters):
             self._ensure_head_service(rc)
             heads = [p for p in pods if labels_of(p).get(L_NODE_TYPE) == "head"]
             if not heads:
-                server.create_object(pod_manifest(rc, "head", "headgroup", (spec.get("headGroupSpec") or {}).get("template"), {}))
+                server.create_object(pod_manifest(rc, "head", "headgroup",
+                                                  (spec.get("headGroupSpec") or {}).get("template"), {}))
             else:
                 for pod in heads:
                     if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
                         server.delete_object("pods", namespace, pod["metadata"]["name"], force=True)
             for group in spec.get("workerGroupSpecs") or []:
                 gname = group.get("groupName", "")
-                gpods = [p for p in pods if labels_of(p).get(L_NODE_TYPE) == "worker" and labels_of(p).get(L_GROUP) == gname]
+                gpods = [p for p in pods
+                         if labels_of(p).get(L_NODE_TYPE) == "worker" and labels_of(p).get(L_GROUP) == gname]
                 result = self._reconcile_group(rc, group, gpods, mode)
                 if result == "requeue":
                     return  # the deletions come back as events and trigger the next pass

@@ -34,7 +34,8 @@ def raycluster(name: str, *, replicas: int = 2, hosts: int = 4, labels: dict | N
                         "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
                         "containers": [{
                             "name": "ray-worker", "image": "rayproject/ray:2.60.0",
-                            "resources": {"requests": {"google.com/tpu": "4", "cpu": "8"}, "limits": {"google.com/tpu": "4"}},
+                            "resources": {"requests": {"google.com/tpu": "4", "cpu": "8"},
+                                          "limits": {"google.com/tpu": "4"}},
                         }],
                     },
                 },

@@ -109,7 +109,7 @@ class FakeKubeApiServer(FaultApi, StateApi):
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> "FakeKubeApiServer":
+    def start(self) -> FakeKubeApiServer:
         if self._thread is not None:
             return self
         self._loop = asyncio.new_event_loop()
@@ -182,7 +182,7 @@ class FakeKubeApiServer(FaultApi, StateApi):
             self._thread.join(10)
             self._thread = None
 
-    def __enter__(self) -> "FakeKubeApiServer":
+    def __enter__(self) -> FakeKubeApiServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

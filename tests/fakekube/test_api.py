@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiException
 
-from .manifests import G, NS, V, body_of, pod, raycluster
+from .manifests import NS, G, V, body_of, pod, raycluster
 from .server import KUBERAY_SCHEMAS, FakeKubeApiServer
 
 pytestmark = pytest.mark.timeout(30)
@@ -44,7 +44,8 @@ def test_discovery_version_and_auth(server, api):
 
 
 def test_custom_object_crud_and_error_bodies(server, custom):
-    created = custom.create_namespaced_custom_object(G, V, NS, "rayclusters", dict(raycluster("c1"), status={"state": "ready"}))
+    created = custom.create_namespaced_custom_object(G, V, NS, "rayclusters",
+                                                     dict(raycluster("c1"), status={"state": "ready"}))
     meta = created["metadata"]
     assert meta["uid"] and meta["resourceVersion"].isdigit() and meta["generation"] == 1 and meta["creationTimestamp"]
     assert "status" not in created  # status subresource: dropped on create
@@ -91,7 +92,8 @@ def test_custom_object_crud_and_error_bodies(server, custom):
     assert exc.value.status == 422 and "must be specified for an update" in body_of(exc.value)["message"]
 
     listed = custom.list_namespaced_custom_object(G, V, NS, "rayclusters", label_selector="app=demo")
-    assert listed["kind"] == "RayClusterList" and [i["metadata"]["name"] for i in listed["items"]] == ["c1", made["metadata"]["name"]]
+    assert listed["kind"] == "RayClusterList" and [i["metadata"]["name"] for i in listed["items"]] == [
+        "c1", made["metadata"]["name"]]
     assert len(custom.list_cluster_custom_object(G, V, "rayclusters")["items"]) == 2
 
     deleted = custom.delete_namespaced_custom_object(G, V, NS, "rayclusters", "c1")
@@ -195,7 +197,8 @@ async def test_patch_content_types_async(server, aapi):
     with pytest.raises(AsyncApiException) as exc:
         await api.patch_namespaced_custom_object(G, V, NS, "rayclusters", "p1", {"metadata": {"labels": {"x": "1"}}})
     assert exc.value.status == 400
-    assert json.loads(exc.value.body)["message"] == "json: cannot unmarshal object into Go value of type jsonpatch.Patch"
+    assert json.loads(exc.value.body)["message"] == (
+        "json: cannot unmarshal object into Go value of type jsonpatch.Patch")
 
     merged = await api.patch_namespaced_custom_object(
         G, V, NS, "rayclusters", "p1", {"metadata": {"labels": {"x": "1", "app": None}}},
@@ -207,7 +210,8 @@ async def test_patch_content_types_async(server, aapi):
            {"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 1},
            {"op": "remove", "path": "/metadata/labels/x"}]
     jp = await api.patch_namespaced_custom_object(G, V, NS, "rayclusters", "p1", ops)
-    assert jp["metadata"]["annotations"] == {"a/b": "c"} and "labels" not in jp["metadata"] or jp["metadata"]["labels"] == {}
+    assert (jp["metadata"]["annotations"] == {"a/b": "c"} and "labels" not in jp["metadata"]
+            or jp["metadata"]["labels"] == {})
     assert jp["spec"]["workerGroupSpecs"][0]["replicas"] == 1 and jp["metadata"]["generation"] == 2
 
     with pytest.raises(AsyncApiException) as exc:

@@ -9,7 +9,7 @@ import pytest
 import urllib3
 from kubernetes.client.rest import ApiException
 
-from .manifests import G, NS, V, body_of, raycluster
+from .manifests import NS, G, V, body_of, raycluster
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,7 +11,7 @@ from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import watch as awatch
 
 from .kuberay import FINALIZER, KubeRayReactor, auto, hold, replica_failure, unschedulable
-from .manifests import G, NS, V, raycluster
+from .manifests import NS, G, V, raycluster
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -54,17 +54,20 @@ def test_reactor_makes_multi_host_cluster_ready(server, custom, core, reactor):
         assert w.spec.node_selector["cloud.google.com/gke-tpu-topology"] == "4x4"
         assert w.spec.tolerations[0].key == "google.com/tpu"
         assert w.spec.containers[0].resources.limits == {"google.com/tpu": "4"}
-        assert w.metadata.owner_references[0].kind == "RayCluster" and w.metadata.owner_references[0].uid == rc["metadata"]["uid"]
+        assert (w.metadata.owner_references[0].kind == "RayCluster"
+                and w.metadata.owner_references[0].uid == rc["metadata"]["uid"])
     assert by_replica == {"0": {"0", "1", "2", "3"}, "1": {"0", "1", "2", "3"}}
     svc = core.read_namespaced_service("tpu-head-svc", NS)
     assert {p.name: p.port for p in svc.spec.ports}["dashboard"] == 8265
 
     # scale down to one slice: the highest replica index goes
-    custom.patch_namespaced_custom_object(G, V, NS, "rayclusters", "tpu",
-                                          {"spec": {"workerGroupSpecs": [dict(raycluster("tpu")["spec"]["workerGroupSpecs"][0], replicas=1)]}})
+    custom.patch_namespaced_custom_object(
+        G, V, NS, "rayclusters", "tpu",
+        {"spec": {"workerGroupSpecs": [dict(raycluster("tpu")["spec"]["workerGroupSpecs"][0], replicas=1)]}})
     server.wait_for(lambda: _status(server, "tpu").get("readyWorkerReplicas") == 4 and
                     len(reactor.pods("tpu", labels={"ray.io/node-type": "worker"})) == 4)
-    assert {p["metadata"]["labels"]["ray.io/worker-group-replica-index"] for p in reactor.pods("tpu", labels={"ray.io/node-type": "worker"})} == {"0"}
+    assert {p["metadata"]["labels"]["ray.io/worker-group-replica-index"]
+            for p in reactor.pods("tpu", labels={"ray.io/node-type": "worker"})} == {"0"}
     assert _status(server, "tpu")["observedGeneration"] == 2
 
 
@@ -82,7 +85,8 @@ def test_reactor_hold_unschedulable_then_auto(server, core, reactor):
     reactor.set_mode(unschedulable(), cluster="stuck")
     server.wait_for(lambda: len(core.list_namespaced_event(NS, field_selector="reason=FailedScheduling").items) == 3)
     ev = core.list_namespaced_event(NS, field_selector="reason=FailedScheduling").items[0]
-    assert ev.type == "Warning" and ev.message.startswith("0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.")
+    assert ev.type == "Warning" and ev.message.startswith(
+        "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.")
     assert ev.involved_object.kind == "Pod" and ev.reporting_component == "default-scheduler"
     p = core.read_namespaced_pod(ev.involved_object.name, NS)
     assert p.status.phase == "Pending"
@@ -99,7 +103,8 @@ def test_reactor_preempt_drops_and_restores_a_slice(server, reactor):
     old_names = {p["metadata"]["labels"]["ray.io/worker-group-replica-name"]
                  for p in reactor.pods("pre", labels={"ray.io/worker-group-replica-index": "1"})}
     seen: list[int] = []
-    server.on_change(lambda ev: ev.plural == "rayclusters" and seen.append(ev.object["status"].get("readyWorkerReplicas", 0)))
+    server.on_change(
+        lambda ev: ev.plural == "rayclusters" and seen.append(ev.object["status"].get("readyWorkerReplicas", 0)))
 
     deleted = reactor.preempt("pre", 1, host_index=2)  # one host lost: KubeRay replaces the whole slice
     assert len(deleted) == 1
@@ -138,7 +143,8 @@ def test_reactor_delete_removes_pods(server, custom, core):
         custom.delete_namespaced_custom_object(G, V, NS, "rayclusters", "del")
         got = custom.get_namespaced_custom_object(G, V, NS, "rayclusters", "del")  # still terminating
         assert got["metadata"]["deletionTimestamp"]
-        terminating = server.wait_for(lambda: [p for p in reactor.pods("del") if p["metadata"].get("deletionTimestamp")])
+        terminating = server.wait_for(
+            lambda: [p for p in reactor.pods("del") if p["metadata"].get("deletionTimestamp")])
         assert len(terminating) == 3 and server.get_object("rayclusters", NS, "del") is not None
         server.wait_for(lambda: server.get_object("rayclusters", NS, "del") is None, timeout=3)
         assert core.list_namespaced_pod(NS, label_selector="ray.io/cluster=del").items == []
@@ -181,7 +187,9 @@ async def test_rayservice_status_helper(server, aapi, reactor):
         "spec": {"serveConfigV2": "applications: []", "rayClusterConfig": raycluster("x")["spec"]}})
     reactor.set_service_status("svc", conditions={"Ready": False, "UpgradeInProgress": False},
                                active={"app": "DEPLOYING"}, active_cluster="svc-abcde")
-    reactor.set_service_status("svc", conditions={"Ready": True}, active={"app": {"status": "RUNNING", "serveDeploymentStatuses": {"D": {"status": "HEALTHY"}}}},
+    reactor.set_service_status("svc", conditions={"Ready": True},
+                               active={"app": {"status": "RUNNING",
+                                               "serveDeploymentStatuses": {"D": {"status": "HEALTHY"}}}},
                                pending={"app": "NOT_STARTED"}, num_serve_endpoints=1)
     got = await api.get_namespaced_custom_object_status(G, V, NS, "rayservices", "svc")
     st = got["status"]

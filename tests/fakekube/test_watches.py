@@ -19,7 +19,7 @@ from kubernetes_asyncio import config as aconfig
 from kubernetes_asyncio import watch as awatch
 from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiException
 
-from .manifests import G, NS, V, raycluster
+from .manifests import NS, G, V, raycluster
 from .server import FakeKubeApiServer
 
 pytestmark = pytest.mark.timeout(30)
@@ -43,7 +43,8 @@ def test_watch_resume_replays_missed_events(server, custom):
 
     # a watch without resourceVersion starts with the current state, then ends after timeoutSeconds
     t0 = time.monotonic()
-    events = list(kwatch.Watch().stream(custom.list_namespaced_custom_object, G, V, NS, "rayclusters", timeout_seconds=1))
+    events = list(kwatch.Watch().stream(custom.list_namespaced_custom_object, G, V, NS, "rayclusters",
+                                        timeout_seconds=1))
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "other")]
     assert 0.9 < time.monotonic() - t0 < 3
 

@@ -97,6 +97,7 @@ class Credentials:
                 except ApiException as e:
                     if e.status != 409:
                         raise
-            tr = core.create_namespaced_service_account_token(serviceaccount, namespace, client.AuthenticationV1TokenRequest(
-                spec=client.V1TokenRequestSpec(audiences=audiences or [], expiration_seconds=expiration_seconds)))
+            tr = core.create_namespaced_service_account_token(
+                serviceaccount, namespace, client.AuthenticationV1TokenRequest(
+                    spec=client.V1TokenRequestSpec(audiences=audiences or [], expiration_seconds=expiration_seconds)))
             return tr.status.token

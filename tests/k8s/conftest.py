@@ -24,7 +24,6 @@ from tests.k8s.example_runs import BUCKET, EXAMPLES, ROWS
 from tests.k8s.session import k8s_control_plane  # noqa: F401  (session fixture)
 from tests.k8s.support import Connections, NodePools, force_delete_clusters, suffix
 
-
 #: Every task's OpenLineage events in this tier, written by the OpenLineage provider's listener (a file
 #: transport, set before Airflow loads its plugins: the provider reads its configuration once).
 LINEAGE_EVENTS = Path(tempfile.mkdtemp(prefix="raytpu-lineage-")) / "events.jsonl"

@@ -157,7 +157,7 @@ class ControlPlane(StartupWaits, Credentials):
     # ------------------------------------------------------------------ start
     @classmethod
     @contextlib.contextmanager
-    def start(cls, **kwargs: Any) -> Iterator["ControlPlane"]:
+    def start(cls, **kwargs: Any) -> Iterator[ControlPlane]:
         """Context manager: start everything, yield the control plane, stop."""
         cp = cls(**kwargs)
         try:
@@ -166,7 +166,7 @@ class ControlPlane(StartupWaits, Credentials):
         finally:
             cp.stop()
 
-    def up(self, timeout: float = 120.0) -> "ControlPlane":
+    def up(self, timeout: float = 120.0) -> ControlPlane:
         """Start everything (stopping what was started if a step fails)."""
         atexit.register(self.stop)
         try:
@@ -176,7 +176,7 @@ class ControlPlane(StartupWaits, Credentials):
             self.stop()
             raise
 
-    def _up(self, timeout: float) -> "ControlPlane":
+    def _up(self, timeout: float) -> ControlPlane:
         t0 = time.monotonic()
         deadline = t0 + timeout
 
@@ -190,8 +190,10 @@ class ControlPlane(StartupWaits, Credentials):
         self.ca_path = self.pki["ca_crt"]
         self._write_auth_files()
 
-        step("etcd", lambda: self._start_and_wait(self._component("etcd", etcd_argv(self)), self._etcd_healthy, deadline))
-        step("kube-apiserver", lambda: self._start_and_wait(self._component("kube-apiserver", apiserver_argv(self)), self._apiserver_ready, deadline))
+        step("etcd", lambda: self._start_and_wait(
+            self._component("etcd", etcd_argv(self)), self._etcd_healthy, deadline))
+        step("kube-apiserver", lambda: self._start_and_wait(
+            self._component("kube-apiserver", apiserver_argv(self)), self._apiserver_ready, deadline))
         # The scheduler does not need the CRDs: it comes up while they are
         # being established. The controller manager starts after them: its
         # garbage collector would otherwise learn about ray.io kinds only at
@@ -203,7 +205,8 @@ class ControlPlane(StartupWaits, Credentials):
         kcm = self._component("kube-controller-manager", controller_manager_argv(self))
         kcm.spawn()
         step("kuberay-operator", lambda: self._start_and_wait(
-            self._component("kuberay-operator", operator_argv(self), operator_env(self)), self._operator_ready, deadline))
+            self._component("kuberay-operator", operator_argv(self), operator_env(self)), self._operator_ready,
+            deadline))
         step("kube-scheduler", lambda: self._wait(sched, lambda: self._https_healthz(self.scheduler_port), deadline))
         step("kube-controller-manager", lambda: self._wait(kcm, lambda: self._https_healthz(self.kcm_port), deadline))
         step("default-serviceaccount", lambda: self._wait_default_service_account(deadline))

@@ -5,7 +5,7 @@ kubelet ran for real, Ray's node list through the API server's service proxy."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ def run_example(airflow_home: Path, dag_id: str, run_conf: dict[str, Any], day: 
     if not link.is_symlink():
         link.symlink_to(EXAMPLES / f"{dag_id}.py")
     dag = load_dag(link, dag_id)
-    return outcomes(dag.test(run_conf=run_conf, logical_date=datetime(2026, 12, day, tzinfo=timezone.utc)))
+    return outcomes(dag.test(run_conf=run_conf, logical_date=datetime(2026, 12, day, tzinfo=UTC)))
 
 
 def cluster_pods(cp: ControlPlane, namespace: str, cluster: str) -> list[dict[str, Any]]:

@@ -48,7 +48,8 @@ NAMESPACE_LABEL = "raytpu.test/kueue"
 API = "/apis/kueue.x-k8s.io/v1beta2"
 # The CRDs whose conversion webhook Kueue's certificate rotator fills in (pkg/util/cert/cert.go).
 CONVERTED = ("localqueues", "clusterqueues", "workloads", "cohorts", "multikueueclusters")
-REGISTRATIONS = {"MutatingWebhookConfiguration": ("mutatingwebhookconfigurations", "kueue-mutating-webhook-configuration"),
+REGISTRATIONS = {"MutatingWebhookConfiguration": ("mutatingwebhookconfigurations",
+                                                  "kueue-mutating-webhook-configuration"),
                  "ValidatingWebhookConfiguration": ("validatingwebhookconfigurations",
                                                     "kueue-validating-webhook-configuration")}
 
@@ -168,7 +169,8 @@ class Kueue:
     def _create(self, path: str, body: dict[str, Any]) -> None:
         status, out = self.cp.request("POST", path, json.dumps(body).encode())
         if status not in (200, 201, 409):
-            raise ControlPlaneError(f"creating {body['kind']} {body['metadata']['name']}: HTTP {status}: {out[:1000]!r}")
+            raise ControlPlaneError(
+                f"creating {body['kind']} {body['metadata']['name']}: HTTP {status}: {out[:1000]!r}")
 
     def _service(self, path: str) -> dict[str, Any]:
         return {"name": SERVICE, "namespace": NAMESPACE, "path": path, "port": self.webhook_port}

@@ -33,7 +33,7 @@ class NodeLeases:
         if api is None:
             api = self._lease_api = self.cp.api_client()
         coord = client.CoordinationV1Api(api)
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         body = client.V1Lease(
             metadata=client.V1ObjectMeta(name=node_name, namespace="kube-node-lease"),
             spec=client.V1LeaseSpec(holder_identity=node_name, lease_duration_seconds=self.LEASE_SECONDS,

@@ -187,7 +187,7 @@ def _node(name: str, seq: int, ip: str, zone: str, labels: dict[str, str], taint
     """A Ready ``V1Node`` with its own podCIDR and GKE-like system info."""
     from kubernetes import client
 
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cidr = f"10.{64 + seq // 256}.{seq % 256}.0/24"
     return client.V1Node(
         metadata=client.V1ObjectMeta(name=name, labels=labels),

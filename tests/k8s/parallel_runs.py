@@ -47,9 +47,10 @@ def run_in_parallel(airflow_home: Path, source: str, dag_id: str, dates: list[da
             assert time.monotonic() < deadline, f"no DAG run for {date} after 120 s"
             time.sleep(0.2)
     logs = [process.communicate(timeout=timeout)[0] for process in processes]
-    for process, log in zip(processes, logs):
+    for process, log in zip(processes, logs, strict=True):
         assert process.returncode == 0, log[-5000:]
-    return [ParallelRun(d, outcomes(DagRun.find(dag_id=dag_id, logical_date=d)[0]), log) for d, log in zip(dates, logs)]
+    return [ParallelRun(d, outcomes(DagRun.find(dag_id=dag_id, logical_date=d)[0]), log)
+            for d, log in zip(dates, logs, strict=True)]
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ def test_tpu_raycluster_on_real_control_plane(k8s_control_plane, head_nodes: lis
         for p in workers:
             slices[p.metadata.labels["ray.io/worker-group-replica-index"]].append(p)
         assert sorted(slices) == ["0", "1"], slices.keys()
-        for idx, members in slices.items():
+        for members in slices.values():
             assert len(members) == 4
             assert sorted(p.metadata.labels["ray.io/replica-host-index"] for p in members) == ["0", "1", "2", "3"]
             assert len({p.metadata.labels["ray.io/worker-group-replica-name"] for p in members}) == 1

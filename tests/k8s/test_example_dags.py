@@ -44,7 +44,6 @@ import pytest
 from example_dags.demo.fake_gcs import FakeGcsServer
 from tests.airflow_runner import TaskOutcome
 from tests.k8s.conftest import LINEAGE_EVENTS
-from tests.lineage import completed, datasets
 from tests.k8s.controlplane import ControlPlane
 from tests.k8s.example_runs import (
     BUCKET,
@@ -60,6 +59,7 @@ from tests.k8s.example_runs import (
 from tests.k8s.preemption import Preemption
 from tests.k8s.request_loop import RequestLoop
 from tests.k8s.support import NodePools, ray_namespace, states, wait_for, wait_no_pods
+from tests.lineage import completed, datasets
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(1800)]
 

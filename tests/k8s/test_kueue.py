@@ -12,7 +12,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +120,7 @@ class ClusterClock:
 
     def _run(self) -> None:
         while not self._stop.wait(0.1):
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             _, clusters = get_json(self.cp, f"/apis/ray.io/v1/namespaces/{self.namespace}/rayclusters")
             _, pods = get_json(self.cp, f"/api/v1/namespaces/{self.namespace}/pods")
             names = {c["metadata"]["name"]: c for c in clusters.get("items", [])}
@@ -141,7 +141,7 @@ def test_three_runs_on_a_one_slice_queue_are_admitted_one_at_a_time(
         namespace: str, kueue: Kueue) -> None:
     cp = k8s_control_plane
     node_pools.add("v6e-queued", tpu=V6E, topology="2x2", num_nodes=3)  # room for three slices: Kueue decides
-    dates = [datetime(2026, 12, 1 + i, 2, 0, tzinfo=timezone.utc) for i in range(3)]
+    dates = [datetime(2026, 12, 1 + i, 2, 0, tzinfo=UTC) for i in range(3)]
     with ClusterClock(cp, namespace) as clock:
         runs = run_in_parallel(airflow_home, DAG, "kueue_nightly", dates)
     for run in runs:
@@ -154,10 +154,10 @@ def test_three_runs_on_a_one_slice_queue_are_admitted_one_at_a_time(
 
     # Admitted one at a time: each cluster was admitted only after the one before it was gone.
     spans = sorted((clock.seen[name]["admitted"], clock.seen[name]["gone"], name) for name in names)
-    for (_, gone, first), (admitted, _, then) in zip(spans, spans[1:]):
+    for (_, gone, first), (admitted, _, then) in zip(spans, spans[1:], strict=False):
         assert admitted >= gone - timedelta(seconds=0.2), (first, gone, then, admitted)
     # The clusters that waited said so in their sensors' logs, with the ClusterQueue and Kueue's reason.
-    waited = [run for run, name in zip(runs, names)
+    waited = [run for run, name in zip(runs, names, strict=True)
               if clock.seen[name]["admitted"] - clock.seen[name]["created"] > timedelta(seconds=3)]
     assert len(waited) >= 2, clock.seen
     for run in waited:
@@ -166,7 +166,7 @@ def test_three_runs_on_a_one_slice_queue_are_admitted_one_at_a_time(
         assert "insufficient unused quota for google.com/tpu in flavor v6e-2x2" in run.log
 
     # Chip-hours from ready to gone, as the test's own clock saw them: the time queued is not counted.
-    for run, name in zip(runs, names):
+    for run, name in zip(runs, names, strict=True):
         (usage,) = run.outcome["delete_cluster"].xcoms["tpu_usage"]
         seen = clock.seen[name]
         ready_to_gone = (seen["gone"] - seen["ready"]).total_seconds() / 3600

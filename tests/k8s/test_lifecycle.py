@@ -52,7 +52,8 @@ def test_v6e_4x4_two_slices_create_ready_delete(airflow_home: Path, k8s_control_
 
     reference = outcome["create_cluster"].result
     assert reference["cluster_name"] == "nightly" and reference["namespace"] == namespace
-    assert reference["dashboard_url"] == f"{cp.server}/api/v1/namespaces/{namespace}/services/nightly-head-svc:dashboard/proxy"
+    assert reference["dashboard_url"] == (
+        f"{cp.server}/api/v1/namespaces/{namespace}/services/nightly-head-svc:dashboard/proxy")
     ready = outcome["wait_ready"].result
     assert (ready["phase"], ready["head_ready"], ready["ready_hosts"], ready["desired_hosts"]) == ("READY", True, 8, 8)
     assert [(s["index"], s["ready_hosts"], s["hosts"]) for s in ready["slices"]] == [("0", 4, 4), ("1", 4, 4)]

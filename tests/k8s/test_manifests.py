@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -46,7 +46,8 @@ WORKER_FRAGMENT = {
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
             {"name": "checkpoints", "csi": {"driver": "gcsfuse.csi.storage.gke.io",
-                                            "volumeAttributes": {"bucketName": "ckpts", "mountOptions": "implicit-dirs"}}},
+                                            "volumeAttributes": {"bucketName": "ckpts",
+                                                                 "mountOptions": "implicit-dirs"}}},
         ],
     },
 }
@@ -89,7 +90,8 @@ def missing_or_changed(sent: Any, stored: Any, path: str = "") -> list[str]:
     if isinstance(sent, list):
         if not isinstance(stored, list) or len(stored) != len(sent):
             return [f"{path}: {len(sent)} items sent, {stored!r} stored"]
-        return [p for i, (a, b) in enumerate(zip(sent, stored)) for p in missing_or_changed(a, b, f"{path}[{i}]")]
+        return [p for i, (a, b) in enumerate(zip(sent, stored, strict=True))
+                for p in missing_or_changed(a, b, f"{path}[{i}]")]
     return [] if sent == stored else [f"{path}: sent {sent!r}, stored {stored!r}"]
 
 
@@ -110,7 +112,7 @@ def dry_run_create(custom_objects: Any, namespace: str, manifest: dict[str, Any]
 def test_ray_cluster_is_accepted_strictly_and_kept_whole(custom_objects: Any, namespace: str, shape: str,
                                                          k8s_control_plane: ControlPlane) -> None:
     manifest = build_ray_cluster(name=f"dry-{shape}", namespace=namespace, origin=ORIGIN,
-                                 expires_at=datetime.now(timezone.utc) + timedelta(hours=2), **SHAPES[shape])
+                                 expires_at=datetime.now(UTC) + timedelta(hours=2), **SHAPES[shape])
     stored = dry_run_create(custom_objects, namespace, manifest, "rayclusters")
     assert missing_or_changed(manifest, stored) == []
     group = stored["spec"]["workerGroupSpecs"][0]

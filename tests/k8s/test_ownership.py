@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -35,7 +35,7 @@ from tests.k8s.support import (
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(480), pytest.mark.usefixtures("admin_connections")]
 
-LOGICAL_DATE = datetime(2026, 12, 2, tzinfo=timezone.utc)
+LOGICAL_DATE = datetime(2026, 12, 2, tzinfo=UTC)
 
 RECREATE = '''
 from datetime import datetime

@@ -35,7 +35,8 @@ CLUSTER = "preemptible"
 
 def workers(backend: Any, namespace: str) -> list[dict[str, Any]]:
     return [p for p in backend.cluster_pods(CLUSTER, namespace)
-            if p["metadata"]["labels"].get("ray.io/node-type") == "worker" and not p["metadata"].get("deletionTimestamp")]
+            if p["metadata"]["labels"].get("ray.io/node-type") == "worker"
+            and not p["metadata"].get("deletionTimestamp")]
 
 
 async def first_event(trigger: RayClusterReadyTrigger) -> dict[str, Any]:
@@ -80,7 +81,8 @@ def _preemption(airflow_home: Path, cp: ControlPlane, ns: str, pool: str) -> Non
         pods = workers(backend, ns)
         fresh = [p for p in pods if p["metadata"]["name"] not in old_names]
         running = [p for p in fresh if pod_ready(p)]
-        pending = [p for p in fresh if (p.get("status") or {}).get("phase") == "Pending" and not p["spec"].get("nodeName")]
+        pending = [p for p in fresh
+                   if (p.get("status") or {}).get("phase") == "Pending" and not p["spec"].get("nodeName")]
         ok = len(pods) == 4 and len(fresh) == 2 and len(running) == 1 and len(pending) == 1
         return pods if ok else None
 

@@ -87,13 +87,15 @@ def test_ready_once_ray_lists_the_slice_with_its_head_and_chips(
     ns = webhook_namespace(cp, monkeypatch)
     try:
         source = lifecycle_dag("k8s_ray_confirms", create={"cluster_name": "slice", "accelerator": "v4",
-                                                           "topology": "2x2x2", "head_pod_template": on(pools["heads"])},
+                                                           "topology": "2x2x2",
+                                                           "head_pod_template": on(pools["heads"])},
                                retries=0, delete=False)
         outcome = run_dag(airflow_home, source, "k8s_ray_confirms")
         assert states(outcome) == {"create_cluster": "success", "wait_ready": "success"}, outcome
         ready = outcome["wait_ready"].result
         assert (ready["phase"], ready["ready_hosts"], ready["ray_hosts"]) == ("READY", 2, 2)
-        assert ready["message"].endswith("Ray lists 2 of 2 TPU hosts with their chips and slice, one slice head per slice")
+        assert ready["message"].endswith(
+            "Ray lists 2 of 2 TPU hosts with their chips and slice, one slice head per slice")
 
         # The sensor read Ray's node list with the cluster's token: KubeRay turned on Ray's token
         # authentication (authOptions), and the real head refuses a request without it or with another.

@@ -91,7 +91,8 @@ def device_plugin_env(accelerator: str, topology: str, chips_per_node: int, requ
     return env
 
 
-def container_tpu_env(node_labels: Mapping[str, str], node_chips: int, container_limits: Mapping[str, str]) -> dict[str, str]:
+def container_tpu_env(node_labels: Mapping[str, str], node_chips: int,
+                      container_limits: Mapping[str, str]) -> dict[str, str]:
     """The device plugin's variables for one container, or nothing if it requested no TPU chips.
 
     :param node_labels: the node's labels.

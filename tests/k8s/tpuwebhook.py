@@ -264,7 +264,8 @@ class TpuWebhook:
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
-            self._api("DELETE", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{CONFIGURATION_NAME}")
+            self._api("DELETE",
+                      f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{CONFIGURATION_NAME}")
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -22,7 +22,8 @@ from tests.kube.threaded_app import ThreadedApp
 
 
 def _env(pod: dict[str, Any]) -> dict[str, str]:
-    return {var["name"]: var.get("value", "") for c in pod["spec"].get("containers") or [] for var in c.get("env") or []}
+    return {var["name"]: var.get("value", "")
+            for c in pod["spec"].get("containers") or [] for var in c.get("env") or []}
 
 
 def _chips(pod: dict[str, Any]) -> float:

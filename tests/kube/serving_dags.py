@@ -33,8 +33,9 @@ def dag(dag_id: str, deploy: str | None = "", sensor: str | None = None) -> str:
         "         default_args={'retries': 2, 'retry_delay': 0}, params={'version': 'gs://b/ckpt-1'}):",
     ]
     if deploy is not None:
-        lines.append("    deploy = DeployRayServiceOperator(task_id='deploy', service_name='chat', applications=[APPS], "
-                     "accelerator='v6e', topology='4x4', version='{{ params.version }}', " + deploy + ")")
+        lines.append("    deploy = DeployRayServiceOperator(task_id='deploy', service_name='chat', "
+                     "applications=[APPS], accelerator='v6e', topology='4x4', version='{{ params.version }}', "
+                     + deploy + ")")
     if sensor is not None:
         version = "{{ ti.xcom_pull('deploy')['version'] }}" if deploy is not None else "{{ params.version }}"
         lines.append("    wait = RayServiceRunningSensor(task_id='wait_running', service_name='chat', "

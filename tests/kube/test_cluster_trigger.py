@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_raytpu.backends.kuberay import informer as kuberay_informer
 from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
+from airflow_provider_raytpu.backends.kuberay import informer as kuberay_informer
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.triggers.raycluster import RayClusterReadyTrigger
@@ -32,7 +32,8 @@ async def first_event(t: RayClusterReadyTrigger) -> dict[str, Any]:
 
 
 def create(backend: KubeRayBackend) -> None:
-    backend.apply_cluster(build_ray_cluster(name="train", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4", num_slices=2)))
+    backend.apply_cluster(build_ray_cluster(name="train", namespace=NAMESPACE,
+                                            tpu=TpuSlice("v6e", "4x4", num_slices=2)))
 
 
 def test_serialization_round_trips() -> None:
@@ -167,8 +168,8 @@ async def test_an_api_call_that_times_out_is_not_the_wait_deadline(
     kube.stall("GET", STALLED_GET, 3.0, times=6)  # longer than each GET may take, for all its 6 attempts
     event = await first_event(trigger(deadline_in=40))
     assert event["status"] == "READY", event
-    assert "RayCluster ml/train: the Kubernetes API unreachable for 0 s (TimeoutError); trying for up to 600 s more" in (
-        capfd.readouterr().out)
+    assert ("RayCluster ml/train: the Kubernetes API unreachable for 0 s (TimeoutError); trying for up to 600 s "
+            "more") in capfd.readouterr().out
 
 
 async def test_an_api_unreachable_for_longer_than_its_grace_is_a_retryable_event(
@@ -187,7 +188,8 @@ async def test_an_api_unreachable_for_longer_than_its_grace_is_a_retryable_event
                                      unreachable_grace_period=3)
     event = await first_event(waiting)
     assert event["status"] == "UNREACHABLE"
-    assert "the Kubernetes API unreachable for" in event["message"] and "longer than its grace of 3 s" in event["message"]
+    assert ("the Kubernetes API unreachable for" in event["message"]
+            and "longer than its grace of 3 s" in event["message"])
     sensor = RayClusterReadySensor(task_id="wait_ready", cluster_name="train")
     with pytest.raises(AirflowException) as raised:
         sensor.execute_complete({}, event)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,8 @@ from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
 
 with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1),
          default_args={{"retries": 2, "retry_delay": 0}},
-         params={{"accelerator": Param("v6e"), "topology": Param("4x4"), "slices": Param("1"), "spot": Param("false")}}):
+         params={{"accelerator": Param("v6e"), "topology": Param("4x4"), "slices": Param("1"),
+                 "spot": Param("false")}}):
     create = CreateRayClusterOperator(
         task_id="create_cluster", cluster_name="nightly_train",
         accelerator="{{{{ params.accelerator }}}}", topology="{{{{ params.topology }}}}",
@@ -91,7 +92,8 @@ def test_a_teardown_waits_for_the_pods_and_says_so(request: pytest.FixtureReques
     if not logs.out:
         pytest.skip("pytest does not capture output (-s): no task log to read")
     assert outcome["delete_cluster"].state == "success" and reactor is not None
-    assert kube.get_object("rayclusters", NAMESPACE, "slow-to-go") is None and kube.list_objects("v1/pods", NAMESPACE) == []
+    assert (kube.get_object("rayclusters", NAMESPACE, "slow-to-go") is None
+            and kube.list_objects("v1/pods", NAMESPACE) == [])
     tasks = task_instances(outcome)
     assert problems(logs.out, logs.err, tasks, limit=LOADED_SILENCE_LIMIT_SECONDS) == {}
     (log,) = task_logs(logs.out, tasks)
@@ -129,7 +131,7 @@ def test_capacity_chosen_in_the_ui_selects_its_nodes(airflow_home: Path, connect
                                                      kube: FakeKubeApiServer) -> None:
     """A trigger's ``capacity`` param reaches the host pods; a flex-start duration bounds the expiry; a bad one
     fails once, before any API call, naming the forms."""
-    started = datetime.now(timezone.utc).replace(microsecond=0)
+    started = datetime.now(UTC).replace(microsecond=0)
     runs = {"reserved": "reservation:tpu-owner-1/nightly-v6e", "flex": "flex-start:6h", "typo": "reserve:nightly"}
     outcome = {dag_id: run_dag(airflow_home, CAPACITY.format(dag_id=dag_id), dag_id, conf={"capacity": capacity})
                ["create_cluster"] for dag_id, capacity in runs.items()}
@@ -142,7 +144,7 @@ def test_capacity_chosen_in_the_ui_selects_its_nodes(airflow_home: Path, connect
         "cloud.google.com/reservation-project": "tpu-owner-1"}
     flex = kube.get_object("rayclusters", NAMESPACE, "flex")
     expiry = parse_expiry(flex["metadata"]["annotations"][EXPIRES_AT_ANNOTATION])
-    assert started + timedelta(hours=6) <= expiry <= datetime.now(timezone.utc) + timedelta(hours=6)
+    assert started + timedelta(hours=6) <= expiry <= datetime.now(UTC) + timedelta(hours=6)
     assert (outcome["typo"].state, outcome["typo"].try_number) == ("failed", 1)
     assert kube.get_object("rayclusters", NAMESPACE, "typo") is None
 
@@ -173,13 +175,12 @@ def test_a_teardown_reports_the_chip_hours_from_ready_to_gone_and_their_estimate
     """The usage record is the teardown's ``tpu_usage`` XCom and its outlet's asset-event extra; ready is when
     KubeRay first said ready (between the create and the sensor), gone after the delete. The prices are the
     task's, else the connection's."""
-    from sqlalchemy import select
-
     from airflow.models.asset import AssetEvent
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(chip_hour_prices=connection_prices))
-    started = datetime.now(timezone.utc).replace(microsecond=0)
+    started = datetime.now(UTC).replace(microsecond=0)
     source = USAGE.replace("PRICES", f"chip_hour_prices={task_prices!r}")
     with KubeRayReactor(kube, delay=1.0, stagger=0.05):
         outcome = run_dag(airflow_home, source, "usage")
@@ -187,7 +188,7 @@ def test_a_teardown_reports_the_chip_hours_from_ready_to_gone_and_their_estimate
         "create_cluster": "success", "wait_ready": "success", "delete_cluster": "success"}
     (usage,) = outcome["delete_cluster"].xcoms["tpu_usage"]
     ready, gone = datetime.fromisoformat(usage["ready_at"]), datetime.fromisoformat(usage["gone_at"])
-    assert started <= ready <= gone <= datetime.now(timezone.utc)
+    assert started <= ready <= gone <= datetime.now(UTC)
     hours = (gone - ready).total_seconds() / 3600
     assert usage["hours"] == pytest.approx(hours, abs=1e-6)
     assert (usage["chips"], usage["capacity"], usage["slices_recreated"]) == (32, "spot", 0)
@@ -250,7 +251,7 @@ def test_expired_clusters_are_deleted(airflow_home: Path, connections: None, kub
     from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
     from airflow_provider_raytpu.tpu import TpuSlice
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for name, expiry in (("old", now - timedelta(minutes=1)), ("fresh", now + timedelta(hours=1))):
         kube.create_object(build_ray_cluster(name=name, namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x2"),
                                              expires_at=expiry))
@@ -282,15 +283,14 @@ def test_expiry_never_kills_live_work(airflow_home: Path, connections: None, kub
                                      kuberay: KubeRayReactor, capfd: pytest.CaptureFixture[str]) -> None:
     """A cluster whose expiry passed is kept while its DAG run runs; a Clear the next day that adopts it renews
     its expiry, so the sweep does not delete it mid-run."""
-    from sqlalchemy import update
-
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
+    from sqlalchemy import update
 
-    logical_date = datetime(2026, 12, 3, tzinfo=timezone.utc)
+    logical_date = datetime(2026, 12, 3, tzinfo=UTC)
     first = run_dag(airflow_home, NIGHTLY, "nightly_expiry", logical_date=logical_date)
     assert first["create_cluster"].state == "success"
-    yesterday = format_expiry(datetime.now(timezone.utc) - timedelta(hours=1))
+    yesterday = format_expiry(datetime.now(UTC) - timedelta(hours=1))
     kube.patch_object("rayclusters", NAMESPACE, "nightly", {"metadata": {"annotations": {
         EXPIRES_AT_ANNOTATION: yesterday}}})
     run_id = f"manual__{logical_date.isoformat()}"
@@ -305,7 +305,7 @@ def test_expiry_never_kills_live_work(airflow_home: Path, connections: None, kub
     again = run_dag(airflow_home, NIGHTLY, "nightly_expiry", logical_date=logical_date)
     assert again["create_cluster"].state == "success"
     renewed = kube.get_object("rayclusters", NAMESPACE, "nightly")["metadata"]["annotations"][EXPIRES_AT_ANNOTATION]
-    assert renewed > format_expiry(datetime.now(timezone.utc) + timedelta(minutes=55))
+    assert renewed > format_expiry(datetime.now(UTC) + timedelta(minutes=55))
     assert "RayCluster ml/nightly adopted: its expiry is renewed from" in capfd.readouterr().out
     assert run_dag(airflow_home, EXPIRED, "janitor")["delete_expired"].result == []
     assert kube.get_object("rayclusters", NAMESPACE, "nightly") is not None
@@ -324,7 +324,8 @@ with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), default_arg
         image="{{{{ params.image }}}}",
         worker_resources={worker_resources},
         head_ray_start_params={{"num-cpus": "{{{{ params.worker_cpu | int - 8 }}}}"}},
-        cluster_options=RayClusterOptions(labels={{"team": "{{{{ params.team }}}}"}}, env={{"RUN": "{{{{ run_id }}}}"}}),
+        cluster_options=RayClusterOptions(labels={{"team": "{{{{ params.team }}}}"}},
+                                          env={{"RUN": "{{{{ run_id }}}}"}}),
     )
 '''
 
@@ -342,7 +343,8 @@ def test_params_choose_the_cluster_options(airflow_home: Path, connections: None
     stored = kube.get_object("rayclusters", NAMESPACE, "options")
     head, (group,) = stored["spec"]["headGroupSpec"], stored["spec"]["workerGroupSpecs"]
     (worker,) = group["template"]["spec"]["containers"]
-    assert head["template"]["spec"]["containers"][0]["image"] == worker["image"] == "registry.example/ray:2.61.0-py311-tpu"
+    assert (head["template"]["spec"]["containers"][0]["image"] == worker["image"]
+            == "registry.example/ray:2.61.0-py311-tpu")
     assert stored["spec"]["rayVersion"] == "2.61.0", "the version is read from the rendered image, not the template"
     assert worker["resources"]["limits"] == {"cpu": "40", "memory": "64Gi", "google.com/tpu": "8"}
     assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-cpus": "32"}
@@ -350,10 +352,12 @@ def test_params_choose_the_cluster_options(airflow_home: Path, connections: None
     (run_env,) = worker["env"]
     assert run_env["name"] == "RUN" and run_env["value"].startswith("manual__")
     # The operator renders exactly what the builder renders for the same (rendered) options.
-    by_hand = build_ray_cluster(name="options", namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x4"), options=RayClusterOptions(
-        image="registry.example/ray:2.61.0-py311-tpu", worker_resources={"cpu": "40", "memory": "64Gi"},
-        head_ray_start_params={"num-cpus": "32"}, labels={"team": "research"}, env={"RUN": run_env["value"]}))
-    assert stored["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == by_hand["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    by_hand = build_ray_cluster(
+        name="options", namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x4"), options=RayClusterOptions(
+            image="registry.example/ray:2.61.0-py311-tpu", worker_resources={"cpu": "40", "memory": "64Gi"},
+            head_ray_start_params={"num-cpus": "32"}, labels={"team": "research"}, env={"RUN": run_env["value"]}))
+    assert (stored["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+            == by_hand["metadata"]["annotations"][SPEC_HASH_ANNOTATION])
 
 
 def test_a_whole_options_dict_from_params_with_native_rendering(airflow_home: Path, connections: None,
@@ -420,9 +424,9 @@ def test_an_expired_cluster_running_a_ray_job_is_kept_until_the_job_ends(
     from airflow_provider_raytpu.tpu import TpuSlice
     from tests.kube.jobs_stub import JobsStub
 
-    expired = format_expiry(datetime.now(timezone.utc) - timedelta(minutes=5))
+    expired = format_expiry(datetime.now(UTC) - timedelta(minutes=5))
     kube.create_object(build_ray_cluster(name="busy", namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x2"),
-                                         expires_at=datetime.now(timezone.utc) - timedelta(minutes=5)))
+                                         expires_at=datetime.now(UTC) - timedelta(minutes=5)))
     kube.create_object({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "busy-head-svc",
                         "namespace": NAMESPACE}, "spec": {"ports": [{"name": "dashboard", "port": 8265}]}})
     with JobsStub() as jobs:

@@ -50,8 +50,6 @@ def task_instance(airflow_home: Path, request: pytest.FixtureRequest) -> Iterato
     supervisor comms for its XComs (what the triggerer's supervisor does for a trigger's XCom requests)."""
     import psutil
     import structlog
-    from sqlalchemy import select
-
     from airflow.models.taskinstance import TaskInstance
     from airflow.sdk.execution_time.supervisor import (
         InProcessSupervisorComms,
@@ -59,6 +57,8 @@ def task_instance(airflow_home: Path, request: pytest.FixtureRequest) -> Iterato
         set_supervisor_comms,
     )
     from airflow.utils.session import create_session
+    from sqlalchemy import select
+
     from tests.airflow_runner import run_dag
 
     dag_id = f"job_log_{request.node.name[len('test_'):][:60]}"

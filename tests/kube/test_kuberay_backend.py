@@ -77,7 +77,8 @@ def test_transient_errors_are_retried_without_duplicates(backend: KubeRayBackend
     assert len(kube.list_objects("rayclusters", NAMESPACE)) == 1
 
 
-def test_lost_create_answer_adopts_what_the_first_attempt_made(backend: KubeRayBackend, kube: FakeKubeApiServer) -> None:
+def test_lost_create_answer_adopts_what_the_first_attempt_made(backend: KubeRayBackend,
+                                                               kube: FakeKubeApiServer) -> None:
     # The create landed but its answer was lost: the retried POST gets 409 and adopts it.
     kube.create_object(manifest())
     assert backend.get_cluster("train", NAMESPACE) is not None
@@ -133,5 +134,5 @@ def test_test_connection(connections: None, kube: FakeKubeApiServer) -> None:
 
 def test_missing_connection_says_how_to_make_one() -> None:
     with pytest.raises(ConnectionNotFoundError) as info:
-        RayTpuHook("no_such_conn").backend
+        _ = RayTpuHook("no_such_conn").backend
     assert "AIRFLOW_CONN_RAYTPU_DEFAULT" in str(info.value) and '"backend": "local"' in str(info.value)

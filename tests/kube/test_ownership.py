@@ -6,7 +6,7 @@ for one logical date, as a scheduler would.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from tests.kube.conftest import NAMESPACE
 
 pytestmark = pytest.mark.timeout(120)
 
-LOGICAL_DATE = datetime(2026, 12, 2, tzinfo=timezone.utc)
+LOGICAL_DATE = datetime(2026, 12, 2, tzinfo=UTC)
 CLUSTERS = r"/apis/ray\.io/v1/namespaces/ml/rayclusters"
 
 DAG = '''
@@ -93,7 +93,8 @@ def test_a_create_that_fails_after_applying_is_still_torn_down(
     (name,) = outcome["delete_cluster"].result["cluster_names"]
     assert name.startswith("lost-answers-create-cluster-") and outcome["delete_cluster"].result["deleted"] is True
     assert cluster_names(kube) == []
-    assert f"1 RayCluster(s) of this DAG run made by task(s) create_cluster in namespace ml: {name}" in capfd.readouterr().out
+    assert (f"1 RayCluster(s) of this DAG run made by task(s) create_cluster in namespace ml: {name}"
+            in capfd.readouterr().out)
 
 
 def test_the_teardown_by_owner_deletes_only_its_own_create_tasks_clusters(

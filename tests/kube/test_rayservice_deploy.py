@@ -139,7 +139,8 @@ def test_params_choose_the_serving_cluster_options(airflow_home: Path, connectio
         name="chat", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4"), applications=[LLM_APP], version="gs://b/ckpt-1",
         options=RayClusterOptions(image="rayproject/ray-llm:2.61.0-py311-tpu", labels={"team": "research"},
                                   worker_resources={"cpu": "40", "memory": "64Gi"}))
-    assert stored["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == by_hand["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    assert (stored["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+            == by_hand["metadata"]["annotations"][SPEC_HASH_ANNOTATION])
 
 
 def test_bad_input_fails_before_any_api_call(airflow_home: Path, connections: None, kube: FakeKubeApiServer) -> None:
@@ -199,7 +200,7 @@ with DAG("serve_models", schedule=None, start_date=datetime(2026, 1, 1), default
     names = [reference["service_name"] for reference in references]
     assert len(set(names)) == 2, "map indexes 0 and 1 replaced each other's applications"
     assert [reference["previous_version"] for reference in references] == [None, None]
-    for i, (name, version) in enumerate(zip(names, ["gs://b/model-a", "gs://b/model-b"])):
+    for i, (name, version) in enumerate(zip(names, ["gs://b/model-a", "gs://b/model-b"], strict=True)):
         notes = kube.get_object("rayservices", NAMESPACE, name)["metadata"]["annotations"]
         assert (notes[MODEL_VERSION_ANNOTATION], notes["raytpu.dev/map-index"]) == (version, str(i))
         assert json.loads(notes["raytpu.dev/version-history"]) == [version]

@@ -35,7 +35,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_first_deploy_runs_and_answers_the_smoke_request(airflow_home: Path, connections: None,
-                                                         kube: FakeKubeApiServer, controller: RayServiceController) -> None:
+                                                         kube: FakeKubeApiServer,
+                                                         controller: RayServiceController) -> None:
     smoke = "smoke_request={'path': '/v1/chat/completions', 'method': 'POST', 'json': {'model': 'chat-model', " \
             "'messages': [{'role': 'user', 'content': 'hi'}]}}"
 

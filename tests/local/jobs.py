@@ -69,7 +69,8 @@ def kill_worker(worker: subprocess.Popen) -> None:
 
 def proxied_dag(dag_id: str, code: str, **kwargs: object) -> str:
     """:func:`submit_dag` on the connection ``raytpu_k8s`` (backend kubernetes, the dashboard through the proxy)."""
-    return submit_dag(dag_id, code, **kwargs).replace('cluster_name="emu",', 'cluster_name="emu", raytpu_conn_id="raytpu_k8s",')
+    return submit_dag(dag_id, code, **kwargs).replace('cluster_name="emu",',
+                                                      'cluster_name="emu", raytpu_conn_id="raytpu_k8s",')
 
 
 @contextlib.contextmanager

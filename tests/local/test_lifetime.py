@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psutil
@@ -81,7 +81,7 @@ with DAG("local_janitor", schedule=None, start_date=datetime(2026, 1, 1)):
 def test_an_expired_cluster_stops_by_itself_and_the_janitor_removes_it(
         airflow_home: Path, local_backend: LocalBackend, raytpu_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A DAG that died before its teardown (a killed worker) must not leave Ray running on this machine."""
-    expires = datetime.now(timezone.utc) + timedelta(seconds=20)
+    expires = datetime.now(UTC) + timedelta(seconds=20)
     manifest = build_ray_cluster(name="expiring", namespace="default", tpu=TpuSlice("v4", "2x2x1"), origin=ORIGIN,
                                  expires_at=expires)
     local_backend.apply_cluster(manifest)
@@ -90,7 +90,7 @@ def test_an_expired_cluster_stops_by_itself_and_the_janitor_removes_it(
         assert alive([supervisor])
         # Every process it ever had: sampled until the expiry, as the head and host start.
         everything: set[int] = set()
-        while datetime.now(timezone.utc) < expires:
+        while datetime.now(UTC) < expires:
             everything.update(local_backend.cluster_processes("expiring", "default"))
             time.sleep(1)
         assert wait_until_gone([supervisor, *everything], 120) == []
@@ -122,7 +122,7 @@ def test_a_create_that_adopts_its_cluster_renews_its_expiry(
     """A Clear of the create task adopts the cluster: its supervisor keeps it past the old expiry."""
     monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", json.dumps(
         {"conn_type": "raytpu", "extra": {"backend": "local", "local_home": str(raytpu_home)}}))
-    logical_date = datetime(2026, 12, 2, tzinfo=timezone.utc)
+    logical_date = datetime(2026, 12, 2, tzinfo=UTC)
     try:
         first = run_dag(airflow_home, RENEWED.replace("LIFETIME", "25"), "local_renewal", logical_date=logical_date)
         assert first["create_cluster"].state == "success"
@@ -130,7 +130,7 @@ def test_a_create_that_adopts_its_cluster_renews_its_expiry(
         again = run_dag(airflow_home, RENEWED.replace("LIFETIME", "3600"), "local_renewal", logical_date=logical_date)
         assert again["create_cluster"].state == "success"
         notes = local_backend.get_cluster("renewed", "default")["metadata"]["annotations"]
-        assert notes["raytpu.dev/expires-at"] > (datetime.now(timezone.utc) + timedelta(minutes=55)).strftime(
+        assert notes["raytpu.dev/expires-at"] > (datetime.now(UTC) + timedelta(minutes=55)).strftime(
             "%Y-%m-%dT%H:%M:%SZ")
         time.sleep(35)  # past the first expiry
         assert alive([supervisor]), "the supervisor kept the adopted cluster"

@@ -112,7 +112,8 @@ JOB_SCRIPT = textwrap.dedent(
     seen = ray.get([
         where.options(
             resources={"TPU": slice_pg.devices_per_host},
-            scheduling_strategy=PlacementGroupSchedulingStrategy(slice_pg.placement_group, placement_group_bundle_index=i),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(slice_pg.placement_group,
+                                                                 placement_group_bundle_index=i),
         ).remote()
         for i in range(slice_pg.num_hosts)
     ], timeout=90)

@@ -84,9 +84,8 @@ def test_concurrent_creates_start_one_supervisor_and_an_orphaned_cluster_is_clea
         for thread in threads:
             thread.join(30)
         assert sorted(a.value for a in actions) == ["adopted", "created"]
-        assert [c["metadata"]["name"] for c in local_backend.list_clusters("other", "app.kubernetes.io/managed-by")] == [
-            "race"
-        ]
+        assert [c["metadata"]["name"]
+                for c in local_backend.list_clusters("other", "app.kubernetes.io/managed-by")] == ["race"]
         supervisor = local_backend.supervisor("race", "other")
         supervisors = [
             pid for pid in psutil.pids()

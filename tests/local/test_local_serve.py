@@ -24,6 +24,7 @@ import yaml
 
 from airflow_provider_raytpu.backends.local import LocalBackend
 from airflow_provider_raytpu.backends.local.serve import LocalServices, local_cluster_name
+from airflow_provider_raytpu.backends.local.state import cluster_dir
 from airflow_provider_raytpu.backends.settings import ConnectionSettings
 from airflow_provider_raytpu.manifests.options import RayClusterOptions
 from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, TASK_ID_KEY
@@ -165,9 +166,9 @@ def test_serve_that_lost_its_config_gets_it_back_from_the_clusters_supervisor(se
     """Serve forgets its applications (as a restarted head does): the cluster's supervisor, the local stand-in
     for KubeRay's RayService controller, PUTs the service's config again. Nothing here reads the status."""
     cluster = local_cluster_name(SERVICE)
-    dashboard = serve_backend.backend.dashboard(cluster, NAMESPACE)
+    dashboard = serve_backend.clusters.dashboard(cluster, NAMESPACE)
     assert dashboard.request("DELETE", "/api/serve/applications/", timeout=120).ok
-    supervisor_log = serve_backend.backend.cluster_dir(cluster, NAMESPACE) / "supervisor.log"
+    supervisor_log = cluster_dir(serve_backend.home, cluster, NAMESPACE) / "supervisor.log"
     url = serve_backend.serve_endpoint(SERVICE, NAMESPACE).url
     deadline = time.monotonic() + 180
     while True:
@@ -253,6 +254,6 @@ def test_delete_removes_the_service_and_its_cluster(serve_backend: LocalServices
     delete = DeleteRayServiceOperator(task_id="delete", service_name=SERVICE, wait_for_deletion=True, force=True)
     assert delete.execute(context)["deleted"] is True
     assert serve_backend.get_service(SERVICE, NAMESPACE) is None
-    assert serve_backend.backend.get_cluster(local_cluster_name(SERVICE), NAMESPACE) is None
+    assert serve_backend.clusters.get_cluster(local_cluster_name(SERVICE), NAMESPACE) is None
     assert serve_backend.service_status(SERVICE, NAMESPACE).phase is ServicePhase.GONE
     assert delete.execute(context)["deleted"] is False

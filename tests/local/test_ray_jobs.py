@@ -19,7 +19,6 @@ from ray.job_submission import JobSubmissionClient
 from airflow_provider_raytpu.backends.local import LocalBackend
 from airflow_provider_raytpu.status import Phase
 from tests.airflow_runner import (
-    TaskOutcome,
     clear_task,
     ensure_airflow_db,
     lose_worker,
@@ -47,7 +46,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def cluster(local_backend: LocalBackend, emulated_cluster: EmulatedCluster, raytpu_home: Path) -> Iterator[EmulatedCluster]:
+def cluster(local_backend: LocalBackend, emulated_cluster: EmulatedCluster,
+            raytpu_home: Path) -> Iterator[EmulatedCluster]:
     """The module's emulated slice, READY, reachable through the ``raytpu_default`` connection."""
     import asyncio
 
@@ -131,7 +131,8 @@ async def test_each_line_once_across_a_triggerer_restart(cluster: EmulatedCluste
 def test_failing_job_fails_the_task_with_its_log_tail(airflow_home: Path, cluster: EmulatedCluster,
                                                       capfd: pytest.CaptureFixture[str]) -> None:
     """Within 50 lines, the tail holds Ray's first line, which repeats the command: its --config shows keys only."""
-    code = "import sys\nprint('loading shard 7 of 8')\nprint('ValueError: shard 7 is corrupt', flush=True)\nsys.exit(3)\n"
+    code = ("import sys\nprint('loading shard 7 of 8')\nprint('ValueError: shard 7 is corrupt', flush=True)\n"
+            "sys.exit(3)\n")
     secret = "sk-live-5e4d3c2b1a"
     config = ("--config", json.dumps({"wandb_api_key": secret, "shards": 8}))
     outcome = run_dag(airflow_home, submit_dag("job_fails", code, deferrable=False, args=config), "job_fails")["job"]

@@ -105,14 +105,14 @@ def test_preprocess_then_train(reference: dict, fake_gcs: GcsStorage) -> None:
     assert prep["output_uri"].startswith(f"gs://{fake_gcs.bucket}/prep-ok")
     assert train["steps"] == 30 and train["resumed_from_step"] is None
     assert train["metrics"]["eval_rows"] == 600
-    assert train["checkpoint_uri"].startswith(f"gs://{fake_gcs.bucket}/ckpt-ok/") and train["checkpoint_uri"].endswith("/30")
+    assert (train["checkpoint_uri"].startswith(f"gs://{fake_gcs.bucket}/ckpt-ok/")
+            and train["checkpoint_uri"].endswith("/30"))
     # What restarts cost, in its own XCom (the job's result is unchanged): none.
     assert reference["attempts"] == {"attempts": 1, "restarts": 0, "steps_lost": 0, "started_at_step": 0, "lost": []}
     # The literal URIs are the tasks' outlets; their asset events say what a downstream DAG needs.
-    from sqlalchemy import select
-
     from airflow.models.asset import AssetEvent
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as session:
         extras = dict(session.execute(select(AssetEvent.source_task_id, AssetEvent.extra).where(
@@ -172,7 +172,8 @@ def latest_step(fake_gcs: GcsStorage, prefix: str) -> int:
     return max(steps, default=-1)
 
 
-def run_with_fault(airflow_home: Path, dag_id: str, raw: str, fake_gcs: GcsStorage, fault, retries: int) -> tuple[dict, int]:
+def run_with_fault(airflow_home: Path, dag_id: str, raw: str, fake_gcs: GcsStorage, fault,
+                   retries: int) -> tuple[dict, int]:
     checkpoints = fake_gcs.uri(f"ckpt-{dag_id}")
     seen: dict[str, int] = {}
 
@@ -237,5 +238,5 @@ def test_a_cleared_training_task_starts_over_and_its_config_stays_out_of_the_log
     shown = rendered_fields("pipeline_ok", "train")["entrypoint"]
     assert f"--run-name {again['run_name']}" in shown and "--tpu" in shown
     assert "--config '<JSON with keys: seed, total_steps, checkpoint_every, eval_dataset>'" in shown
-    assert f"Submitted Ray job raytpu-" in log and "<JSON with keys: seed, total_steps" in log
+    assert "Submitted Ray job raytpu-" in log and "<JSON with keys: seed, total_steps" in log
     assert '"checkpoint_every": 5' not in log and '"seed": 11' not in log

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import copy
-
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -62,13 +61,13 @@ def test_objects_of_release_0_1_are_adopted() -> None:
     manifests = [
         build_ray_cluster(name="nightly", namespace="ml", tpu=TpuSlice("v6e", "4x4")),
         build_ray_cluster(name="nightly", namespace="ml", tpu=two_spot, options=EVERY_OPTION, origin=ORIGIN,
-                          expires_at=datetime(2026, 12, 2, tzinfo=timezone.utc)),
+                          expires_at=datetime(2026, 12, 2, tzinfo=UTC)),
         build_ray_service(name="chat", namespace="ml", tpu=TpuSlice("v6e", "4x4"), applications=[LLM_APP],
                           version="gs://b/ckpt-1"),
         build_ray_service(name="chat", namespace="ml", tpu=two_spot, applications=[LLM_APP], version="gs://b/ckpt-1",
                           options=EVERY_OPTION, origin=ORIGIN, cluster_deletion_delay_seconds=120),
     ]
-    for manifest, old_hash in zip(manifests, RELEASE_0_1):
+    for manifest, old_hash in zip(manifests, RELEASE_0_1, strict=True):
         made_by_0_1 = copy.deepcopy(manifest)
         notes = made_by_0_1["metadata"]["annotations"]
         notes.pop(ALSO_ADOPTS_ANNOTATION, None)
@@ -84,7 +83,7 @@ def test_spec_hashes_are_pinned_for_fixed_inputs() -> None:
     assert spec_hash_of(build_ray_cluster(name="nightly", namespace="ml", tpu=TpuSlice("v6e", "4x4"))) == (
         "ce4340ebb252614c")
     assert spec_hash_of(build_ray_cluster(name="nightly", namespace="ml", tpu=two_spot, options=EVERY_OPTION,
-                                          origin=ORIGIN, expires_at=datetime(2026, 12, 2, tzinfo=timezone.utc))) == (
+                                          origin=ORIGIN, expires_at=datetime(2026, 12, 2, tzinfo=UTC))) == (
         "2733841e0cb83e1f")
     assert spec_hash_of(build_ray_service(name="chat", namespace="ml", tpu=TpuSlice("v6e", "4x4"),
                                           applications=[LLM_APP], version="gs://b/ckpt-1")) == "e14b8ef8d652d425"

@@ -137,7 +137,8 @@ def test_an_output_over_its_input_is_an_import_error(tmp_path: Path, input_uri: 
 @pytest.mark.parametrize(("lifetime", "said"), [
     ("-5", "max_lifetime=datetime.timedelta(days=-1, seconds=86395): is not longer than zero"),
     ("timedelta(0)", "max_lifetime=datetime.timedelta(0): is not longer than zero"),
-    ("'24h'", "max_lifetime='24h': is not a duration. Give a timedelta, e.g. timedelta(hours=24), or a number of seconds"),
+    ("'24h'", "max_lifetime='24h': is not a duration. Give a timedelta, e.g. timedelta(hours=24), "
+              "or a number of seconds"),
 ])
 def test_a_bad_max_lifetime_is_an_import_error(tmp_path: Path, lifetime: str, said: str) -> None:
     bag = parse(tmp_path, f'''
@@ -232,6 +233,7 @@ def test_a_shape_gke_does_not_offer_parses_on_kubernetes(tmp_path: Path, monkeyp
         with DAG("own_nodes", schedule=None, start_date=datetime(2026, 1, 1)):
             CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="2x8", raytpu_conn_id="raytpu_own")
             CreateRayClusterOperator(task_id="v7x_1", accelerator="v7x", topology="1x1x1", raytpu_conn_id="raytpu_own")
-            CreateRayClusterOperator(task_id="v5p_28", accelerator="v5p", topology="4x4x28", raytpu_conn_id="raytpu_own")
+            CreateRayClusterOperator(task_id="v5p_28", accelerator="v5p", topology="4x4x28",
+                                     raytpu_conn_id="raytpu_own")
     ''')
     assert not bag.import_errors

@@ -33,7 +33,8 @@ def workload(reserved: dict[str, Any] | None = None, *, admitted_to: str = "", e
     status: dict[str, Any] = {"conditions": conditions}
     if admitted_to:
         status["admission"] = {"clusterQueue": admitted_to, "podSetAssignments": [
-            {"name": "head", "flavors": {"cpu": "default"}}, {"name": "workers-tpu", "flavors": {"google.com/tpu": flavor}}]}
+            {"name": "head", "flavors": {"cpu": "default"}},
+            {"name": "workers-tpu", "flavors": {"google.com/tpu": flavor}}]}
     return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "status": status}
 
 
@@ -54,7 +55,8 @@ def test_queue_name_renders_kueues_label_and_nothing_else() -> None:
 
 @pytest.mark.parametrize("bad", ["Tpu", "tpu_v6e", "-tpu", "x" * 64, 7])
 def test_a_bad_queue_name_fails_when_the_dag_is_parsed(bad: object) -> None:
-    with pytest.raises(InvalidInputError, match=r"queue_name=.*is not a Kueue LocalQueue name.*kubectl get localqueues"):
+    with pytest.raises(InvalidInputError,
+                       match=r"queue_name=.*is not a Kueue LocalQueue name.*kubectl get localqueues"):
         CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="2x2", queue_name=bad)  # type: ignore[arg-type]
 
 
@@ -86,7 +88,8 @@ def test_an_unqueued_or_running_cluster_is_not_held() -> None:
     (workload({"status": "False", "reason": "Pending", "message": PENDING}), None, True,
      f"queued in Kueue: LocalQueue tpu, Pending: {PENDING}"),
     (workload({"status": "True", "reason": "QuotaReserved", "message": "Quota reserved in ClusterQueue cq-v6e"},
-              admitted_to="cq-v6e"), "cq-v6e", True, "admitted by Kueue to ClusterQueue cq-v6e (flavor default, v6e-2x2); starting"),
+              admitted_to="cq-v6e"), "cq-v6e", True,
+     "admitted by Kueue to ClusterQueue cq-v6e (flavor default, v6e-2x2); starting"),
     (workload({"status": "True", "reason": "QuotaReserved"}, admitted_to="cq-v6e"), "cq-v6e", False,
      "admitted by Kueue to ClusterQueue cq-v6e (flavor default, v6e-2x2); provisioning"),
     (workload({"status": "False", "reason": "Pending", "message": PENDING},

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -55,7 +55,7 @@ def test_valid_against_both_crd_versions(tpu: TpuSlice, kuberay: str) -> None:
         env={"JAX_PLATFORMS": "tpu"},
         service_account_name="ray-ksa",
         origin=ORIGIN,
-        expires_at=datetime(2026, 12, 2, tzinfo=timezone.utc),
+        expires_at=datetime(2026, 12, 2, tzinfo=UTC),
         head_pod_template={"metadata": {"labels": {"team": "ml"}}},
         worker_pod_template={"spec": {"priorityClassName": "batch"}},
     )
@@ -104,7 +104,7 @@ def test_head_has_no_tpu_and_exposes_the_dashboard() -> None:
 
 
 def test_metadata_records_origin_slice_and_expiry() -> None:
-    manifest = cluster(origin=ORIGIN, expires_at=datetime(2026, 12, 3, 6, tzinfo=timezone.utc))
+    manifest = cluster(origin=ORIGIN, expires_at=datetime(2026, 12, 3, 6, tzinfo=UTC))
     labels, notes = manifest["metadata"]["labels"], manifest["metadata"]["annotations"]
     assert labels["app.kubernetes.io/managed-by"] == "airflow-provider-raytpu"
     assert labels["raytpu.dev/run-id"] == "scheduled__2026-12-01T00-00-00-00-00"
@@ -115,8 +115,8 @@ def test_metadata_records_origin_slice_and_expiry() -> None:
 
 
 def test_spec_hash_ignores_run_metadata_but_not_the_spec() -> None:
-    first = cluster(origin=ORIGIN, expires_at=datetime(2026, 12, 3, tzinfo=timezone.utc))
-    retry = cluster(origin=AirflowOrigin("d", "other-run", "t"), expires_at=datetime(2027, 1, 1, tzinfo=timezone.utc))
+    first = cluster(origin=ORIGIN, expires_at=datetime(2026, 12, 3, tzinfo=UTC))
+    retry = cluster(origin=AirflowOrigin("d", "other-run", "t"), expires_at=datetime(2027, 1, 1, tzinfo=UTC))
     other_shape = cluster(tpu=TpuSlice("v6e", "4x8", num_slices=2))
     hash_of = lambda m: m["metadata"]["annotations"][SPEC_HASH_ANNOTATION]  # noqa: E731
     assert hash_of(first) == hash_of(retry)

@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import airflow
 import jsonschema
 import pytest
 
-import airflow
 from airflow_provider_raytpu.backends.settings import ConnectionSettings
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.get_provider_info import get_provider_info

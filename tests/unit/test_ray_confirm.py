@@ -99,7 +99,8 @@ def ray_lists(tpu: TpuSlice, pod_list: list[dict[str, Any]], **overrides: dict[s
         node_labels = {"ray.io/tpu-slice-name": f"tpu-group-{replica}", "ray.io/tpu-worker-id": host,
                        "ray.io/tpu-topology": tpu.topology, "ray.io/tpu-pod-type": tpu.pod_type}
         change = overrides.get(pod["metadata"]["name"], {})
-        nodes.append(ray_node(pod["status"]["podIP"], change.get("resources", resources), change.get("labels", node_labels)))
+        nodes.append(ray_node(pod["status"]["podIP"], change.get("resources", resources),
+                              change.get("labels", node_labels)))
     return answer(nodes)
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_raytpu.backends.kuberay.ray_token import add_token_auth, check_name, token_secret
-from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.manifests.options import RayClusterOptions
+from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.tpu import TpuSlice
 
 

@@ -9,7 +9,12 @@ import yaml
 
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.options import OPTION_NAMES, RayClusterOptions
-from airflow_provider_raytpu.manifests.raycluster import SPEC_HASH_ANNOTATION, AirflowOrigin, build_ray_cluster, spec_hash
+from airflow_provider_raytpu.manifests.raycluster import (
+    SPEC_HASH_ANNOTATION,
+    AirflowOrigin,
+    build_ray_cluster,
+    spec_hash,
+)
 from airflow_provider_raytpu.manifests.rayservice import (
     MODEL_VERSION_ANNOTATION,
     UPDATE_ANNOTATION,
@@ -22,12 +27,12 @@ from airflow_provider_raytpu.manifests.rayservice import (
     service_version,
     version_history,
 )
+from airflow_provider_raytpu.manifests.serve_preflight import serve_config_problems
 from airflow_provider_raytpu.manifests.serveconfig import (
     ServeApplication,
     build_serve_config,
     parse_serve_config,
 )
-from airflow_provider_raytpu.manifests.serve_preflight import serve_config_problems
 from airflow_provider_raytpu.tpu import TpuSlice
 from tests.crd_schema import KUBERAY_VERSIONS, schema_errors
 
@@ -141,7 +146,8 @@ def test_other_llm_builders_and_single_host_slices() -> None:
 def test_serve_config_is_stable_yaml() -> None:
     first, again = service(), service()
     assert first["spec"]["serveConfigV2"] == again["spec"]["serveConfigV2"]
-    assert first["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == again["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    assert (first["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+            == again["metadata"]["annotations"][SPEC_HASH_ANNOTATION])
     assert parse_serve_config(first["spec"]["serveConfigV2"]) == serve_config(first)
     assert parse_serve_config("") == {} and parse_serve_config(": :") == {}
 
@@ -159,7 +165,8 @@ def test_serve_application_objects_and_options() -> None:
                            runtime_env={"pip": ["x"]}, version_arg="nested.uri")
     config = build_serve_config([app], V6E_4X4, version="v9", options={"proxy_location": "EveryNode"}).config
     assert config["proxy_location"] == "EveryNode"
-    assert config["applications"][0] == {"name": "model", "route_prefix": "/m", "import_path": "my_models.serve:build_app",
+    assert config["applications"][0] == {"name": "model", "route_prefix": "/m",
+                                         "import_path": "my_models.serve:build_app",
                                          "runtime_env": {"pip": ["x"]}, "args": {"a": 1, "nested": {"uri": "v9"}}}
 
 
@@ -221,7 +228,8 @@ def test_in_place_changes_only_the_serve_config() -> None:
         ({"applications": [{"name": "a"}]}, "applications[0].import_path", "is required"),
         ({"applications": [{"name": "a", "import_path": "m:f", "replicas": 2}]}, "applications[0]", "are not fields"),
         ({"applications": [plain_app(), plain_app()]}, "applications['model'].name", "is used by two applications"),
-        ({"applications": [{"name": "a", "import_path": "m f"}]}, "applications['a'].import_path", "is not an import path"),
+        ({"applications": [{"name": "a", "import_path": "m f"}]}, "applications['a'].import_path",
+         "is not an import path"),
         ({"applications": [{"name": "a", "import_path": "m:f", "route_prefix": "api"}]},
          "applications['a'].route_prefix", "is not an HTTP route"),
         ({"applications": [{"name": "a", "import_path": "m:f", "args": {"l": [1]}, "version_arg": "l.3"}]},
@@ -268,7 +276,8 @@ PREFLIGHT = [
      "applications['model'].deployments['Model'].placement_group_strategy",
      ["is missing, but the bundles hold 16 TPU chips", "Write placement_group_strategy='STRICT_SPREAD'"]),
     ("strategy-without-bundles", [plain_app(**SPREAD)], V6E_4X4,
-     "applications['model'].deployments['Model'].placement_group_strategy", ["is given without placement_group_bundles"]),
+     "applications['model'].deployments['Model'].placement_group_strategy",
+     ["is given without placement_group_bundles"]),
     ("strict-pack-across-hosts",
      [plain_app(placement_group_bundles=[{"TPU": 4}] * 4, placement_group_strategy="STRICT_PACK")], V6E_4X4,
      "applications['model'].deployments['Model'].placement_group_strategy", ["puts every bundle on one host"]),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -13,7 +13,7 @@ from airflow_provider_raytpu.operators.run_report import RunReportOperator, reco
 from airflow_provider_raytpu.status.report_png import render_timeline
 from airflow_provider_raytpu.status.run_report import PROVISIONING, build_report, report_table, timeline_rows
 
-T0 = datetime(2026, 12, 5, 2, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 5, 2, 0, tzinfo=UTC)
 
 
 def at(minutes: float) -> str:

@@ -51,9 +51,11 @@ def with_status(service: dict[str, Any], *, ready: bool = True, upgrading: bool 
     service = copy.deepcopy(service)
     service["status"] = {
         "observedGeneration": service["metadata"]["generation"] if observed is None else observed,
-        "conditions": [condition("Ready", ready, ready_reason, ready_message), condition("UpgradeInProgress", upgrading)],
+        "conditions": [condition("Ready", ready, ready_reason, ready_message),
+                       condition("UpgradeInProgress", upgrading)],
         "activeServiceStatus": {"rayClusterName": active, "applicationStatuses": active_apps or {}} if active else {},
-        "pendingServiceStatus": {"rayClusterName": pending, "applicationStatuses": pending_apps or {}} if pending else {},
+        "pendingServiceStatus": ({"rayClusterName": pending, "applicationStatuses": pending_apps or {}}
+                                 if pending else {}),
     }
     return service
 
@@ -256,7 +258,8 @@ def test_diagnosis_names_deployment_replicas_cluster_and_topology() -> None:
     assert "Serve config problems" in text and "asks for 64" in text
     clean = diagnose_ray_service(status)
     assert clean.endswith("every multi-host replica declares its slice topology or its bundles")
-    assert describe_replicas({"deployments": {"D": {"target_num_replicas": 1, "replicas": [{"state": "RUNNING"}]}}}) == []
+    assert describe_replicas(
+        {"deployments": {"D": {"target_num_replicas": 1, "replicas": [{"state": "RUNNING"}]}}}) == []
     # A rollout: the old replica still RUNNING, the new one waiting for resources.
     assert describe_replicas({"deployments": {"D": {"target_num_replicas": 1, "replicas": [
         {"state": "RUNNING"}, {"state": "STARTING"}]}}}) == [

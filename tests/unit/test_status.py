@@ -188,7 +188,8 @@ def test_diagnosis_names_unready_hosts_and_the_scheduler_reason() -> None:
     pods = [pod("head", "head"), pod("w-0", ready=False, phase="Pending", **unschedulable),
             pod("w-1", ready=False, phase="Pending"), pod("w-2")]
     events = [{"involvedObject": {"name": "w-1"}, "type": "Warning", "reason": "FailedScheduling",
-               "message": "0/3 nodes are available: 3 Insufficient google.com/tpu.", "lastTimestamp": "2026-12-02T00:00:01Z"}]
+               "message": "0/3 nodes are available: 3 Insufficient google.com/tpu.",
+               "lastTimestamp": "2026-12-02T00:00:01Z"}]
     status = read_ray_cluster(cluster_with({**READY, "readyWorkerReplicas": 1}), pods)
     text = diagnose_pods(status, pods, events)
     assert "slice 0 host 0 (pod w-0): Unschedulable: 0/3 nodes are available" in text

@@ -55,13 +55,15 @@ def test_a_known_harmless_ray_traceback_is_one_line_that_explains_it() -> None:
         "Exception in thread PlacementGroupCleanerMonitor:", "Traceback (most recent call last):",
         '  File "placement_group_cleaner.py", line 80, in _monitor_loop', "    alive = is_actor_alive(",
         "            ^^^^^^^^^^^^^^^", "ray.exceptions.RpcError: Timed out while waiting for GCS to become available.",
-    )) + "(RayTrainWorker pid=7312) train_loop: step 5 loss 0.25 (checkpoint)\n" + f"{cleaner}Traceback (most recent call last):\n"
+    )) + "(RayTrainWorker pid=7312) train_loop: step 5 loss 0.25 (checkpoint)\n" + (
+        f"{cleaner}Traceback (most recent call last):\n")
     follower = JobLogFollower()
     lines = follower.new_lines(log, final=True)
     assert len(lines) == 2 and lines[0].startswith("(PlacementGroupCleaner) Ray Train's placement-group cleaner")
     assert lines[1] == "(RayTrainWorker pid=7312) train_loop: step 5 loss 0.25 (checkpoint)"
     other = "(TrainController pid=7205) Traceback (most recent call last):\n"
-    assert follower.new_lines(log + other, final=True) == ["(TrainController pid=7205) Traceback (most recent call last):"]
+    assert follower.new_lines(log + other, final=True) == [
+        "(TrainController pid=7205) Traceback (most recent call last):"]
 
 
 def test_the_job_supervisors_entrypoint_line_shows_secret_json_by_its_keys() -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from airflow_provider_raytpu.operators.jax_trainer import describe_attempts
 from airflow_provider_raytpu.status.run_report import build_report, report_table
 from airflow_provider_raytpu.workloads.progress import training_progress
 
-T0 = datetime(2026, 12, 5, 2, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 5, 2, 0, tzinfo=UTC)
 
 
 def attempt(started_at: float, first_step: int, reached: int) -> dict:

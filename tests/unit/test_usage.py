@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -10,10 +10,10 @@ from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.operators.raycluster import DeleteRayClusterOperator
 from airflow_provider_raytpu.status.usage import describe_usage, tpu_usage
-from airflow_provider_raytpu.values import check_prices
 from airflow_provider_raytpu.tpu import TpuSlice
+from airflow_provider_raytpu.values import check_prices
 
-READY = datetime(2026, 12, 4, 2, 0, 0, tzinfo=timezone.utc)
+READY = datetime(2026, 12, 4, 2, 0, 0, tzinfo=UTC)
 SPOT_SLICES = TpuSlice("v6e", "4x4", num_slices=2, capacity="spot")
 
 
@@ -38,7 +38,8 @@ def test_chip_hours_are_the_chips_times_ready_to_gone_under_the_clusters_capacit
                       check_prices({"v6e": {"spot": 1.25, "on-demand": 3}}))
     assert usage == {
         "cluster_name": "nightly", "namespace": "ml", "accelerator": "v6e", "topology": "4x4", "num_slices": 2,
-        "chips": 32, "capacity": "spot", "created_at": "2026-12-04T01:50:00+00:00", "ready_at": "2026-12-04T02:00:00+00:00",
+        "chips": 32, "capacity": "spot", "created_at": "2026-12-04T01:50:00+00:00",
+        "ready_at": "2026-12-04T02:00:00+00:00",
         "gone_at": "2026-12-04T03:30:00+00:00", "hours": 1.5, "chip_hours": {"spot": 48.0},
         "slices_recreated": 1, "estimated_cost": {"spot": 60.0},
         "slices": [{"index": 0, "made_again_at": None}, {"index": 1, "made_again_at": "2026-12-04T02:40:00+00:00"}],

@@ -124,7 +124,7 @@ def compare(case: tuple[str, str, str, str, bool], datasets: dict[str, Any], cal
         problems.append(f"Ray's batcher made {batched} of {made} batches, though the blocks have a list column")
     if len(fast) != len(ray_batches):
         problems.append(f"{len(fast)} batches on the fast path, {len(ray_batches)} on Ray's")
-    for index, (f, r) in enumerate(zip(fast, ray_batches)):
+    for index, (f, r) in enumerate(zip(fast, ray_batches, strict=False)):
         if list(f) != list(r):
             problems.append(f"batch {index}: columns {list(f)} != {list(r)}")
             continue
@@ -133,11 +133,13 @@ def compare(case: tuple[str, str, str, str, bool], datasets: dict[str, Any], cal
     if (fast_error is None) != (ray_error is None):
         problems.append(f"errors differ: fast {fast_error!r}, Ray's {ray_error!r}")
     elif fast_error is not None and not (
-        type(fast_error) is type(ray_error) or (isinstance(ray_error, ValueError) and isinstance(fast_error, ValueError))
+        type(fast_error) is type(ray_error)
+        or (isinstance(ray_error, ValueError) and isinstance(fast_error, ValueError))
     ):
         problems.append(f"errors differ: fast {type(fast_error).__name__}, Ray's {type(ray_error).__name__}")
     return {
-        "case": name, "problems": problems[:10] + ([f"... {len(problems) - 10} more"] if len(problems) > 10 else []), "batches": len(fast), "arrays": sum(len(b) for b in fast),
+        "case": name, "problems": problems[:10] + ([f"... {len(problems) - 10} more"] if len(problems) > 10 else []),
+        "batches": len(fast), "arrays": sum(len(b) for b in fast),
         "columns": list(fast[0]) if fast else [], "dtypes": sorted({str(a.dtype) for b in fast for a in b.values()}),
         "fast_error": type(fast_error).__name__ if fast_error else None, "fast_message": str(fast_error or ""),
         "ray_error": type(ray_error).__name__ if ray_error else None,

@@ -54,7 +54,8 @@ def test_drop_with_less_than_a_batch_per_worker_is_an_error() -> None:
 
 @pytest.mark.parametrize(
     ("args", "match"),
-    [((10, 4, 2, "truncate"), "ragged_policy"), ((10, 0, 2, "pad"), "batch_size"), ((10, 4, 0, "pad"), "num_workers"), ((-1, 4, 2, "pad"), "num_rows")],
+    [((10, 4, 2, "truncate"), "ragged_policy"), ((10, 0, 2, "pad"), "batch_size"), ((10, 4, 0, "pad"), "num_workers"),
+     ((-1, 4, 2, "pad"), "num_rows")],
 )
 def test_bad_arguments(args: tuple, match: str) -> None:
     with pytest.raises(ValueError, match=match):

@@ -19,7 +19,8 @@ from tests.gcs import GcsStorage
 def state_at(step: int) -> dict:
     import jax.numpy as jnp
 
-    return {"params": {"w": jnp.arange(6.0).reshape(2, 3) + step, "b": jnp.full((3,), float(step))}, "count": jnp.int32(step)}
+    return {"params": {"w": jnp.arange(6.0).reshape(2, 3) + step, "b": jnp.full((3,), float(step))},
+            "count": jnp.int32(step)}
 
 
 def template() -> dict:
@@ -78,7 +79,8 @@ def plant_partial_step(checkpoint_uri: str, from_step: int, to_step: int) -> str
     source = location.child(str(from_step)).path
     if location.is_gcs:
         target = location.child(str(to_step)).path
-        files = [p for p in storage.list_files(location.child(str(from_step)).uri) if not p.endswith("commit_success.txt")]
+        files = [p for p in storage.list_files(location.child(str(from_step)).uri)
+                 if not p.endswith("commit_success.txt")]
     else:
         target = location.child(f"{to_step}.orbax-checkpoint-tmp-1767225600123").path
         files = storage.list_files(location.child(str(from_step)).uri)

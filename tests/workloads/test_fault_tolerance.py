@@ -88,7 +88,8 @@ def runs_uri(fake_gcs: GcsStorage) -> str:
 
 
 def start_driver(
-    ray_slice: EmulatedSlice, runs_uri: str, run_name: str, tmp_path: Path, *, pause_at: int | None, max_failures: int, name: str
+    ray_slice: EmulatedSlice, runs_uri: str, run_name: str, tmp_path: Path, *, pause_at: int | None, max_failures: int,
+    name: str,
 ) -> Driver:
     config = {"seed": SEED, "total_steps": TOTAL_STEPS, "checkpoint_every": EVERY, "batch_size": 16,
               "marker_dir": str(tmp_path), "pause_at_step": pause_at}
@@ -139,7 +140,8 @@ def final_state(checkpoint_uri: str) -> dict[str, Any]:
 def assert_same_state(state: dict[str, Any], reference: dict[str, Any]) -> float:
     import jax
 
-    differences = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b), initial=0.0)), state, reference))
+    differences = jax.tree.leaves(
+        jax.tree.map(lambda a, b: float(np.max(np.abs(a - b), initial=0.0)), state, reference))
     worst = max(differences)
     assert worst <= TOLERANCE, f"final state differs from the uninterrupted run by {worst}"
     return worst
@@ -183,7 +185,8 @@ def record(
 def reference(ray_slice: EmulatedSlice, runs_uri: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One uninterrupted run with the same seed; its result and final state."""
     started = time.monotonic()
-    driver = start_driver(ray_slice, runs_uri, "reference", tmp_path_factory.mktemp("reference"), pause_at=None, max_failures=0, name="reference")
+    driver = start_driver(ray_slice, runs_uri, "reference", tmp_path_factory.mktemp("reference"), pause_at=None,
+                          max_failures=0, name="reference")
     assert driver.wait(timeout=400) == 0, driver.log_tail()
     result = driver.result()
     assert result["steps"] == TOTAL_STEPS and result["resumed_from_step"] is None
@@ -220,7 +223,8 @@ def test_a_tpu_host_dies_and_ray_train_resumes_on_the_replacement(
         "attempts": 2, "restarts": 1, "steps_lost": 3, "started_at_step": 0,
         "lost": [{"reached": pause_at, "resumed_from": 10, "steps_lost": 3}]}
     worst = assert_same_state(final_state(result["checkpoint_uri"]), reference["state"])
-    assert result["metrics"]["holdout_loss"] == pytest.approx(reference["result"]["metrics"]["holdout_loss"], abs=TOLERANCE)
+    assert result["metrics"]["holdout_loss"] == pytest.approx(reference["result"]["metrics"]["holdout_loss"],
+                                                              abs=TOLERANCE)
     record(record_property, "a: TPU host dies mid-training", started, pause_at, result, worst, reference["seconds"])
 
 

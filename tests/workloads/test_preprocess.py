@@ -49,20 +49,23 @@ def test_cli_arguments() -> None:
 
 def test_function_transform_runs_as_tasks(ray_client: EmulatedSlice, raw_jsonl: str, tmp_path: Path) -> None:
     output = str(tmp_path / "clean")
-    result = run_preprocess(PreprocessSpec(raw_jsonl, output, "example_dags.pipeline.transforms:normalise", batch_size=100))
+    result = run_preprocess(PreprocessSpec(raw_jsonl, output, "example_dags.pipeline.transforms:normalise",
+                                           batch_size=100))
     assert result["rows_in"] == result["rows_out"] == ROWS
     assert result["output_uri"] == output and result["rows_per_second"] > 0
     rows = read_output(output)
     # Exactly what the transform gives when applied to the raw rows here, in one batch.
     raw = generate_rows(ROWS, seed=7)
-    expected = normalise({k: np.asarray([r[k] for r in raw], dtype=object if k in ("text", "x") else None) for k in raw[0]})
+    expected = normalise({k: np.asarray([r[k] for r in raw], dtype=object if k in ("text", "x") else None)
+                          for k in raw[0]})
     assert rows["id"] == list(range(ROWS))
     assert rows["text"] == list(expected["text"])
     np.testing.assert_allclose(np.asarray(rows["features"]), expected["features"], rtol=0, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(rows["tokens"]), expected["tokens"])
 
 
-def test_callable_class_runs_as_an_actor_pool_on_tpu_hosts(ray_client: EmulatedSlice, raw_jsonl: str, tmp_path: Path) -> None:
+def test_callable_class_runs_as_an_actor_pool_on_tpu_hosts(ray_client: EmulatedSlice, raw_jsonl: str,
+                                                           tmp_path: Path) -> None:
     spec = PreprocessSpec(
         raw_jsonl,
         str(tmp_path / "where"),

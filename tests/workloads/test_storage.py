@@ -107,7 +107,8 @@ def test_apply_emulator_env_fills_in_missing_variables(fake_gcs: GcsStorage, mon
     assert os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] == "false"
 
 
-def test_driver_passes_only_variables_the_job_does_not_set(fake_gcs: GcsStorage, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_driver_passes_only_variables_the_job_does_not_set(fake_gcs: GcsStorage,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     assert worker_env_vars() == {**fake_gcs.env, "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
     # A submitted job whose runtime_env already carries one of them: Ray refuses duplicate keys.
     job = {"runtime_env": {"env_vars": {"STORAGE_EMULATOR_HOST": fake_gcs.server.url,

@@ -49,7 +49,8 @@ def test_workers_follow_from_the_slice_shape() -> None:
     config = scaling_config(spec.tpu)
     assert (config.use_tpu, config.topology, config.accelerator_type, config.num_workers) == (True, "4x4", "TPU-V6E", 8)
     assert spec.loop_config() == {
-        "lr": 0.1, "checkpoint_uri": "gs://bkt/runs/r1/orbax", "run_name": "r1", "batch_size": 8, "ragged_policy": "pad",
+        "lr": 0.1, "checkpoint_uri": "gs://bkt/runs/r1/orbax", "run_name": "r1", "batch_size": 8,
+        "ragged_policy": "pad",
     }
     assert spec.run_uri() == "gs://bkt/runs/r1" and spec.max_failures == 3
     assert config.resources_per_worker == {"CPU": 1, "TPU": 4.0}

@@ -17,7 +17,7 @@ import copy
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.rest import ApiException
@@ -61,7 +61,7 @@ class KubeRayBackend(ClusterBackend):
         super().__init__(settings)
         self.clients = KubeClients(settings)
         self.objects = CustomObjects(self.clients, RAY_CLUSTERS)
-        self.services = KubeRayServices(self)
+        self.services = KubeRayServices(self, self.clients, self.objects, self.with_token_auth)
 
     def check(self) -> str:
         try:
@@ -176,7 +176,7 @@ class KubeRayBackend(ClusterBackend):
         return RayTokenTransport(transport, self.objects, name, namespace)
 
     async def watch_cluster(self, name: str, namespace: str, poll_interval: float = 10.0, *,
-                            confirm_with_ray: bool = False) -> AsyncIterator[ClusterStatus]:
+                            confirm_with_ray: bool = False) -> AsyncGenerator[ClusterStatus, None]:
         """The RayCluster's status now and after every change, from the event loop's informer of
         RayClusters in ``namespace`` (:mod:`~airflow_provider_raytpu.backends.kuberay.informer`).
 

@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
 from kubernetes import client as k8s
 
-from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
 from airflow_provider_raytpu.backends.kuberay.shared_client import SharedApiClient
 from airflow_provider_raytpu.backends.loop_shared import loop_shared
 
@@ -32,9 +32,8 @@ if TYPE_CHECKING:
 
 def _rest_gke_hook(settings: ConnectionSettings) -> Any:
     """The Google provider's GKEHook, talking REST to ``gke_api_endpoint`` when one is set."""
-    from google.cloud.container_v1 import ClusterManagerClient
-
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
+    from google.cloud.container_v1 import ClusterManagerClient
 
     class RestGKEHook(GKEHook):
         def get_cluster_manager_client(self) -> ClusterManagerClient:

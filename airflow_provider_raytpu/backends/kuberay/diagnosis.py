@@ -33,7 +33,8 @@ def _list_core(method: Callable[..., Any], namespace: str, **kwargs: Any) -> lis
             log.warning("Cannot read %s in %s for detail: %s", method.__name__, namespace, exc.reason)
             return []
         raise
-    return json.loads(answer.data).get("items", [])
+    items: list[dict[str, Any]] = json.loads(answer.data).get("items", [])
+    return items
 
 
 def cluster_pods(clients: KubeClients, name: str, namespace: str) -> list[dict[str, Any]]:

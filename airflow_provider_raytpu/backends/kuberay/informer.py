@@ -26,7 +26,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -194,7 +194,7 @@ class Informer:
                     continue
                 failures = 1 if self._streamed else failures + 1
                 log.warning("Watch of %s failed (%s); retry %d", self.where, exc.status, failures)
-            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ValueError) as exc:
+            except (TimeoutError, aiohttp.ClientError, ConnectionError, ValueError) as exc:
                 failures = 1 if self._streamed else failures + 1
                 log.warning("Watch of %s dropped (%s); retry %d", self.where, str(exc) or type(exc).__name__, failures)
             except Exception as exc:  # handed to every waiter, which ends with it
@@ -216,8 +216,9 @@ class Informer:
             return digested
 
         fresh: dict[str, str] = {}
-        async for page, resource_version in list_pages(self.shared, self.path, digest=digest):
-            changed = []
+        async for page, page_version in list_pages(self.shared, self.path, digest=digest):
+            resource_version = page_version  # the last page's is the list's
+            changed: list[tuple[str, dict[str, Any] | None]] = []
             for name, text, obj in page:
                 fresh[name] = text
                 if obj is not None and self.store.get(name) != text:
@@ -242,14 +243,14 @@ class Informer:
                 raise
 
     async def _apply(self, kind: str, obj: Any) -> None:
-        metadata = obj.get("metadata") or {}
+        metadata: dict[str, Any] = obj.get("metadata") or {}
         if kind == "ERROR":
             raise ApiException(status=int(obj.get("code") or 500), reason=obj.get("message") or "watch error")
         self.resource_version = metadata.get("resourceVersion") or self.resource_version
         self._streamed = True
         if kind == "BOOKMARK":
             return
-        name = metadata.get("name")
+        name = cast(str, metadata.get("name"))  # JSON: the object of every non-BOOKMARK event has a name
         if kind == "DELETED":
             self.store.pop(name, None)
             await self._notify([(name, None)])

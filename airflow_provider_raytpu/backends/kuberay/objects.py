@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import aiohttp
 import tenacity
 import urllib3
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import WaitRetryAfterOrExponential
 from kubernetes.client.rest import ApiException
 from kubernetes_asyncio import client as k8s_async
 from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiException
 
-from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import WaitRetryAfterOrExponential
 from airflow_provider_raytpu.backends.apply import AlreadyExists, StaleWrite
 from airflow_provider_raytpu.errors import FatalError, PermissionDeniedError
 
@@ -64,12 +64,14 @@ def api_retry(attempts: int = 6) -> Callable[[Callable[..., T]], Callable[..., T
 
 def _body(exc: ApiException | AsyncApiException) -> dict[str, Any]:
     try:
-        return json.loads(exc.body or "{}")
+        body: dict[str, Any] = json.loads(exc.body or "{}")
+        return body
     except (TypeError, ValueError):
         return {}
 
 
-def explain_api_error(exc: ApiException | AsyncApiException, verb: str, resource: str, namespace: str | None) -> Exception:
+def explain_api_error(exc: ApiException | AsyncApiException, verb: str, resource: str,
+                      namespace: str | None) -> Exception:
     """Turn a fatal API answer into an error a user can act on (403 -> the missing RBAC rule)."""
     message = _body(exc).get("message") or exc.reason
     where = f"in namespace {namespace!r}" if namespace else "cluster-wide"
@@ -117,7 +119,9 @@ class CustomObjects:
         """The object, or ``None`` when it does not exist."""
         try:
             with explained("get", self.resource, namespace):
-                return self.clients.hook.get_custom_object(GROUP, VERSION, self.plural, name, namespace)
+                found: dict[str, Any] = self.clients.hook.get_custom_object(GROUP, VERSION, self.plural, name,
+                                                                            namespace)
+                return found
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -131,9 +135,10 @@ class CustomObjects:
         namespace = manifest["metadata"]["namespace"]
         try:
             with explained("create", self.resource, namespace):
-                return api_retry()(self.clients.custom_objects.create_namespaced_custom_object)(
+                created: dict[str, Any] = api_retry()(self.clients.custom_objects.create_namespaced_custom_object)(
                     GROUP, VERSION, namespace, self.plural, manifest, field_validation="Strict"
                 )
+                return created
         except ApiException as exc:
             if exc.status == 409:
                 raise AlreadyExists(f"{self.kind} {namespace}/{manifest['metadata']['name']}") from None
@@ -147,9 +152,10 @@ class CustomObjects:
         name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
         try:
             with explained("update", self.resource, namespace):
-                return api_retry()(self.clients.custom_objects.replace_namespaced_custom_object)(
+                replaced: dict[str, Any] = api_retry()(self.clients.custom_objects.replace_namespaced_custom_object)(
                     GROUP, VERSION, namespace, self.plural, name, manifest, field_validation="Strict"
                 )
+                return replaced
         except ApiException as exc:
             if exc.status == 409:
                 raise StaleWrite(f"{self.kind} {namespace}/{name}") from None
@@ -158,9 +164,10 @@ class CustomObjects:
     def annotate(self, name: str, namespace: str, annotations: dict[str, str]) -> dict[str, Any]:
         """Set annotations on the object (a JSON merge patch of its metadata; nothing else changes)."""
         with explained("patch", self.resource, namespace):
-            return api_retry()(self.clients.custom_objects.patch_namespaced_custom_object)(
+            patched: dict[str, Any] = api_retry()(self.clients.custom_objects.patch_namespaced_custom_object)(
                 GROUP, VERSION, namespace, self.plural, name, {"metadata": {"annotations": annotations}}
             )
+            return patched
 
     def delete(self, name: str, namespace: str) -> bool:
         """Delete the object (its dependents in the background); ``False`` when it was already gone."""
@@ -187,14 +194,16 @@ class CustomObjects:
                 answer = api_retry()(api.list_namespaced_custom_object)(
                     GROUP, VERSION, namespace, self.plural, label_selector=label_selector
                 )
-        return answer.get("items", [])
+        items: list[dict[str, Any]] = answer.get("items", [])
+        return items
 
     async def aget(self, api_client: k8s_async.ApiClient, name: str, namespace: str) -> dict[str, Any] | None:
         """:meth:`get` through an async client."""
         try:
-            return await api_retry()(k8s_async.CustomObjectsApi(api_client).get_namespaced_custom_object)(
-                GROUP, VERSION, namespace, self.plural, name
-            )
+            found: dict[str, Any] = await api_retry()(
+                k8s_async.CustomObjectsApi(api_client).get_namespaced_custom_object
+            )(GROUP, VERSION, namespace, self.plural, name)
+            return found
         except AsyncApiException as exc:
             if exc.status == 404:
                 return None

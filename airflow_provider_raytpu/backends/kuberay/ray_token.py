@@ -29,6 +29,7 @@ from airflow_provider_raytpu.errors import FatalError
 
 if TYPE_CHECKING:
     import aiohttp
+    from kubernetes_asyncio.client.models import V1Secret
 
     from airflow_provider_raytpu.backends.kuberay.objects import CustomObjects
 
@@ -94,7 +95,7 @@ class RayTokenTransport(HttpTransport):
     def browser_url(self) -> str | None:
         return self.inner.browser_url
 
-    @property  # type: ignore[override]
+    @property
     def ray_auth_errors(self) -> bool:
         return self.inner.ray_auth_errors
 
@@ -137,7 +138,8 @@ class RayTokenTransport(HttpTransport):
         try:
             found = self.clusters.clients.core.read_namespaced_secret(secret, self.namespace)
         except ApiException as exc:
-            found = self._absent(exc, secret)
+            self._absent(exc, secret)
+            found = None
         return self._remember(found, secret)
 
     async def aheaders(self) -> dict[str, str]:
@@ -150,11 +152,13 @@ class RayTokenTransport(HttpTransport):
         if not (secret := self._found(await shared.call(
                 lambda client: self.clusters.aget(client, self.cluster, self.namespace)))):
             return self._headers or {}
+        found: V1Secret | None
         try:
             found = await shared.call(
                 lambda client: k8s_async.CoreV1Api(client).read_namespaced_secret(secret, self.namespace))
         except AsyncApiException as exc:
-            found = self._absent(exc, secret)
+            self._absent(exc, secret)
+            found = None
         return self._remember(found, secret)
 
     def _unreadable(self, exc: BaseException) -> HttpAnswer:

@@ -147,7 +147,8 @@ class SharedApiClient:
 
     async def _current(self) -> _Generation:
         generation = self._generation
-        if generation is not None and not generation.retired and time.monotonic() - generation.born < CLIENT_MAX_AGE_SECONDS:
+        if generation is not None and not generation.retired \
+                and time.monotonic() - generation.born < CLIENT_MAX_AGE_SECONDS:
             return generation
         async with self._lock:
             generation = self._generation

@@ -52,7 +52,8 @@ class ApiServerProxyTransport(HttpTransport):
 
     @property
     def url(self) -> str:
-        return self.clients.api_client.configuration.host.rstrip("/") + self.path
+        host: str = self.clients.api_client.configuration.host
+        return host.rstrip("/") + self.path
 
     @property
     def browser_url(self) -> str | None:
@@ -119,7 +120,10 @@ class ApiServerProxyTransport(HttpTransport):
                         ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
         shared = await self.clients.shared()
         async with shared.lease() as api_client:
-            url = api_client.configuration.host.rstrip("/") + self.path + "/" + path.lstrip("/")
+            host = api_client.configuration.host
+            if host is None:  # only if set to None by hand: a kubeconfig always names the API server
+                raise ValueError("the Kubernetes client has no API server host")
+            url = host.rstrip("/") + self.path + "/" + path.lstrip("/")
             headers = {**(headers or {}), **await shared.auth_headers(api_client)}
             session = api_client.rest_client.pool_manager
             async with session.ws_connect(url, headers=headers, max_msg_size=0,

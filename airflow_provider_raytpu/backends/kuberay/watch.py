@@ -13,7 +13,7 @@ import contextlib
 import gc
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -66,7 +66,7 @@ def collection_path(namespace: str, plural: str, group: str = "", version: str =
 
 async def _open(client: k8s_async.ApiClient, path: str, query: Query,
                 timeout: float | aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
-    response = await client.call_api(
+    response: aiohttp.ClientResponse = await client.call_api(
         path, "GET", query_params=list(query), header_params={"Accept": "application/json"},
         auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
         _request_timeout=timeout,
@@ -76,7 +76,8 @@ async def _open(client: k8s_async.ApiClient, path: str, query: Query,
             body = await response.read()
         finally:
             response.release()
-        raise ApiException(http_resp=RESTResponse(response, body))
+        # The stub says ClientResponse; ApiException reads RESTResponse's .data and .getheaders() (as rest.py passes).
+        raise ApiException(http_resp=RESTResponse(response, body))  # type: ignore[arg-type]
     return response
 
 
@@ -93,20 +94,38 @@ async def get_json(client: k8s_async.ApiClient, path: str, query: Query = (), ti
         return parse(body)
 
 
+@overload
+def list_pages(shared: SharedApiClient, path: str,
+               query: Query = ()) -> AsyncIterator[tuple[list[dict[str, Any]], str | None]]: ...
+
+
+@overload
+def list_pages(shared: SharedApiClient, path: str, query: Query = (), *,
+               digest: Callable[[list[dict[str, Any]]], T]) -> AsyncIterator[tuple[T, str | None]]: ...
+
+
+@overload
+def list_pages(shared: SharedApiClient, path: str, query: Query,
+               digest: Callable[[list[dict[str, Any]]], T]) -> AsyncIterator[tuple[T, str | None]]: ...
+
+
 async def list_pages(shared: SharedApiClient, path: str, query: Query = (),
-                     digest: Callable[[list[dict[str, Any]]], T] = list) -> AsyncIterator[tuple[T, str | None]]:
+                     digest: Callable[[list[dict[str, Any]]], object] = list,
+                     ) -> AsyncIterator[tuple[object, str | None]]:
     """The objects of a collection, :data:`LIST_PAGE` at a time, each page passed through ``digest``
     right after parsing (the parsed page is not kept); the last page comes with the list's
     resourceVersion. Transient failures are retried, as for every other read."""
     token: str | None = None
 
-    def parse(body: bytes) -> tuple[T, dict[str, Any]]:
+    def parse(body: bytes) -> tuple[object, dict[str, Any]]:
         answer = json.loads(body)
         return digest(answer.get("items") or []), answer.get("metadata") or {}
 
     while True:
         page = [*query, ("limit", str(LIST_PAGE)), *((("continue", token),) if token else ())]
-        digested, metadata = await api_retry()(shared.call)(lambda client: get_json(client, path, page, parse=parse))
+        digested, metadata = await api_retry()(shared.call)(
+            lambda client, page=page: get_json(client, path, page, parse=parse)
+        )
         token = metadata.get("continue")
         yield digested, None if token else str(metadata.get("resourceVersion") or "")
         if not token:

@@ -29,11 +29,11 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER, OnChange, apply_object, same_spec
+from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER, ObjectStore, OnChange, apply_object, same_spec
 from airflow_provider_raytpu.backends.base import Applied, ApplyResult, ClusterBackend
 from airflow_provider_raytpu.backends.local.lifecycle import processes_of, remove_cluster, start_cluster, stop_cluster
 from airflow_provider_raytpu.backends.local.plan import plan_cluster
@@ -86,7 +86,7 @@ def _applied(backend: LocalBackend, name: str, namespace: str) -> dict[str, Any]
     return cluster
 
 
-class _ClusterFiles:
+class _ClusterFiles(ObjectStore):
     """A local cluster's files as the :class:`~airflow_provider_raytpu.backends.apply.ObjectStore` of
     :func:`~airflow_provider_raytpu.backends.apply.apply_object`: creating one starts its supervisor,
     deleting one stops its processes and removes its files (a changed spec is recreated, as on
@@ -119,7 +119,7 @@ class LocalBackend(ClusterBackend):
     def __init__(self, settings: ConnectionSettings) -> None:
         super().__init__(settings)
         self.home = local_home(settings)
-        self.services = LocalServices(self)
+        self.services = LocalServices(self, self.home)
 
     # -- files --------------------------------------------------------------------------------
 
@@ -161,7 +161,8 @@ class LocalBackend(ClusterBackend):
 
     def gcs_address(self, name: str, namespace: str) -> str:
         """The cluster's GCS address (``127.0.0.1:<port>``), for ``ray.init(address=...)``."""
-        return self._require_state(name, namespace)["gcs_address"]
+        address: str = self._require_state(name, namespace)["gcs_address"]
+        return address
 
     def cluster_processes(self, name: str, namespace: str) -> list[int]:
         """Pids of every process of the cluster: its supervisor, Ray daemons, workers and job drivers."""
@@ -310,7 +311,7 @@ class LocalBackend(ClusterBackend):
 
     def _signature(self, name: str, namespace: str) -> tuple[Any, ...]:
         path = self.cluster_dir(name, namespace)
-        stamps = []
+        stamps: list[int | None] = []
         for file in (MANIFEST_FILE, STATE_FILE, SUPERVISOR_FILE):
             try:
                 stamps.append(os.stat(path / file).st_mtime_ns)
@@ -322,7 +323,7 @@ class LocalBackend(ClusterBackend):
 
     async def watch_cluster(
         self, name: str, namespace: str, poll_interval: float = POLL_SECONDS, *, confirm_with_ray: bool = False
-    ) -> AsyncIterator[ClusterStatus]:
+    ) -> AsyncGenerator[ClusterStatus, None]:
         """Yield the status now and whenever it changes.
 
         There is no watch API locally: the state files are polled every

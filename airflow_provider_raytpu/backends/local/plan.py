@@ -112,7 +112,7 @@ def _ray_param_resources(params: Mapping[str, Any], where: str) -> dict[str, flo
 
 
 def _container(template: Mapping[str, Any], resource: str | None = None) -> dict[str, Any]:
-    containers = (template.get("spec") or {}).get("containers") or [{}]
+    containers: list[dict[str, Any]] = (template.get("spec") or {}).get("containers") or [{}]
     if resource:
         for container in containers:
             if resource in ((container.get("resources") or {}).get("limits") or {}):

@@ -16,9 +16,12 @@ import socket
 import sys
 import tempfile
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psutil
 
 CLUSTER_MARKER_ENV = "RAYTPU_LOCAL_CLUSTER"
 
@@ -47,7 +50,7 @@ def passed_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -117,7 +120,7 @@ def free_port() -> int:
     for _ in range(50):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+            port: int = sock.getsockname()[1]
         if port not in _given_ports:
             _given_ports.add(port)
             return port
@@ -195,14 +198,14 @@ def create_time_of(pid: int) -> float | None:
         return None
 
 
-def _since_boot(process: Any) -> float:
+def _since_boot(process: psutil.Process) -> float:
     import psutil
 
     # psutil adds the kernel's current boot time (wall clock minus uptime) to the start tick.
     return process.create_time() - psutil.boot_time()
 
 
-def is_running(process: Any) -> bool:
+def is_running(process: psutil.Process) -> bool:
     """Whether a ``psutil.Process`` still runs (a zombie does not)."""
     import psutil
 
@@ -230,7 +233,7 @@ def all_processes() -> Iterator[Any]:
             continue
 
 
-def _marker_of(process: Any) -> str | None:
+def _marker_of(process: psutil.Process) -> str | None:
     import psutil
 
     try:
@@ -240,7 +243,9 @@ def _marker_of(process: Any) -> str | None:
 
 
 def _is_marked(marker: str | None, incarnation: str, value_prefix: bool) -> bool:
-    return bool(marker) and (marker == incarnation or (value_prefix and marker.startswith(incarnation + "/")))
+    if not marker:
+        return False
+    return marker == incarnation or (value_prefix and marker.startswith(incarnation + "/"))
 
 
 def marked_processes(incarnation: str, value_prefix: bool = False) -> list[Any]:

@@ -24,12 +24,19 @@ import copy
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raytpu.backends.apply import SERVICE_OWNER, OnChange, apply_object, same_service, same_spec
-from airflow_provider_raytpu.backends.base import ApplyResult, ServiceBackend, service_config_problems
+from airflow_provider_raytpu.backends.apply import (
+    SERVICE_OWNER,
+    ObjectStore,
+    OnChange,
+    apply_object,
+    same_service,
+    same_spec,
+)
+from airflow_provider_raytpu.backends.base import ApplyResult, ServiceBackend
 from airflow_provider_raytpu.backends.local.process import free_port, read_json, write_json_atomic
 from airflow_provider_raytpu.backends.local.selectors import selector_matches
 from airflow_provider_raytpu.backends.local.serve_sync import (
@@ -42,12 +49,12 @@ from airflow_provider_raytpu.backends.local.state import service_dir, services_d
 from airflow_provider_raytpu.backends.serve_api import serve_details
 from airflow_provider_raytpu.backends.transport import DirectTransport, HttpTransport
 from airflow_provider_raytpu.errors import FatalError
-from airflow_provider_raytpu.manifests.rayservice import ray_cluster_of
+from airflow_provider_raytpu.manifests.rayservice import ray_cluster_of, service_config_problems
 from airflow_provider_raytpu.manifests.serveconfig import parse_serve_config
 from airflow_provider_raytpu.status import Phase, ServiceStatus, diagnose_ray_service, read_ray_service
 
 if TYPE_CHECKING:
-    from airflow_provider_raytpu.backends.local.backend import LocalBackend
+    from airflow_provider_raytpu.backends.base import ClusterBackend
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +68,7 @@ def local_cluster_name(service_name: str) -> str:
     return f"{service_name}{CLUSTER_SUFFIX}"
 
 
-class _ServiceFiles:
+class _ServiceFiles(ObjectStore):
     """A local RayService's ``rayservice.json`` as the :class:`~airflow_provider_raytpu.backends.apply.ObjectStore`
     of :func:`~airflow_provider_raytpu.backends.apply.apply_object`. Used under the service's lock, so
     neither raises ``AlreadyExists`` nor ``StaleWrite``.
@@ -73,7 +80,8 @@ class _ServiceFiles:
         self.path = path
 
     def get(self, name: str, namespace: str) -> dict[str, Any] | None:
-        return read_json(self.path / SERVICE_FILE)
+        service: dict[str, Any] | None = read_json(self.path / SERVICE_FILE)
+        return service
 
     def _write(self, service: dict[str, Any]) -> dict[str, Any]:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -90,22 +98,26 @@ class _ServiceFiles:
 
 
 class LocalServices(ServiceBackend):
-    """RayServices on the local backend, each on a local RayCluster of :class:`LocalBackend`.
+    """RayServices on the local backend, each on a local RayCluster of the
+    :class:`~airflow_provider_raytpu.backends.local.LocalBackend`.
 
-    :param backend: the local backend that runs the services' clusters.
+    :param clusters: the local backend that runs the services' clusters.
+    :param home: where it keeps its records.
     """
 
-    def __init__(self, backend: LocalBackend) -> None:
-        self.backend = backend
+    def __init__(self, clusters: ClusterBackend, home: Path) -> None:
+        self.clusters = clusters
+        self.home = home
 
     # -- files --------------------------------------------------------------------------------
 
     def service_dir(self, name: str, namespace: str) -> Path:
         """Where the RayService is recorded (whether or not it exists)."""
-        return service_dir(self.backend.home, name, namespace)
+        return service_dir(self.home, name, namespace)
 
     def _stored(self, name: str, namespace: str) -> dict[str, Any] | None:
-        return read_json(self.service_dir(name, namespace) / SERVICE_FILE)
+        service: dict[str, Any] | None = read_json(self.service_dir(name, namespace) / SERVICE_FILE)
+        return service
 
     def _serve_state(self, name: str, namespace: str) -> dict[str, Any]:
         return read_json(self.service_dir(name, namespace) / SERVE_STATE_FILE) or {}
@@ -124,9 +136,9 @@ class LocalServices(ServiceBackend):
                 write_json_atomic(path / SERVE_STATE_FILE, {**state, "serve_port": free_port()})
             cluster = ray_cluster_of(stored, local_cluster_name(name))
             # A changed rayClusterConfig (image, resources, slice) restarts the local cluster.
-            self.backend.apply_cluster(cluster, update_if_exists=True)
+            self.clusters.apply_cluster(cluster, update_if_exists=True)
             if self._wait_for_head(name, namespace):
-                sync_serve_config(path, self.backend.dashboard(local_cluster_name(name), namespace))
+                sync_serve_config(path, self.clusters.dashboard(local_cluster_name(name), namespace))
         return ApplyResult(applied.action, self.get_service(name, namespace) or stored)
 
     def _wait_for_head(self, name: str, namespace: str, timeout: float = HEAD_WAIT_SECONDS) -> bool:
@@ -138,7 +150,7 @@ class LocalServices(ServiceBackend):
         deadline = time.monotonic() + timeout
         cluster = local_cluster_name(name)
         while time.monotonic() < deadline:
-            status = self.backend.cluster_status(cluster, namespace)
+            status = self.clusters.cluster_status(cluster, namespace)
             if status.head_ready:
                 return True
             if status.phase in (Phase.FAILED, Phase.GONE):
@@ -151,12 +163,12 @@ class LocalServices(ServiceBackend):
     def delete_service(self, name: str, namespace: str) -> bool:
         with service_lock(self.service_dir(name, namespace)):
             stored = self._stored(name, namespace)
-            cluster_gone = not self.backend.delete_cluster(local_cluster_name(name), namespace)
+            cluster_gone = not self.clusters.delete_cluster(local_cluster_name(name), namespace)
             shutil.rmtree(self.service_dir(name, namespace), ignore_errors=True)
         return stored is not None or not cluster_gone
 
     def list_services(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        root = services_dir(self.backend.home, namespace)
+        root = services_dir(self.home, namespace)
         found = []
         for path in sorted(root.glob(f"*/{SERVICE_FILE}")) if root.is_dir() else []:
             stored = read_json(path)
@@ -168,10 +180,10 @@ class LocalServices(ServiceBackend):
 
     def _dashboard(self, name: str, namespace: str) -> HttpTransport | None:
         cluster = local_cluster_name(name)
-        if not self.backend.cluster_status(cluster, namespace).head_ready:
+        if not self.clusters.cluster_status(cluster, namespace).head_ready:
             return None
         try:
-            return self.backend.dashboard(cluster, namespace)
+            return self.clusters.dashboard(cluster, namespace)
         except FatalError:
             return None
 
@@ -193,7 +205,7 @@ class LocalServices(ServiceBackend):
         service = copy.deepcopy(stored)
         state = self._serve_state(name, namespace)
         cluster_name = local_cluster_name(name)
-        cluster = self.backend.get_cluster(cluster_name, namespace)
+        cluster = self.clusters.get_cluster(cluster_name, namespace)
         details = self.serve_details(name, namespace) if cluster is not None else None
         applications = (details or {}).get("applications") or {}
         statuses = {
@@ -234,7 +246,7 @@ class LocalServices(ServiceBackend):
         service, active, applications = self._synthesise(name, namespace)
         if service is not None and active is None:
             status = read_ray_service(service, version=version)
-            cluster = self.backend.cluster_status(local_cluster_name(name), namespace)
+            cluster = self.clusters.cluster_status(local_cluster_name(name), namespace)
             return ServiceStatus(**{**status.__dict__, "message": f"local RayCluster: {cluster.message}"})
         return read_ray_service(service, active_cluster=active, serve_applications=applications, version=version)
 
@@ -243,7 +255,7 @@ class LocalServices(ServiceBackend):
 
     async def watch_service(
         self, name: str, namespace: str, version: str | None = None, poll_interval: float = SERVE_POLL_SECONDS
-    ) -> AsyncIterator[ServiceStatus]:
+    ) -> AsyncGenerator[ServiceStatus, None]:
         """Yield the status now and whenever it changes.
 
         There is no watch API locally: Serve's REST API is polled every
@@ -268,7 +280,7 @@ class LocalServices(ServiceBackend):
             status,
             waited=waited,
             serve_applications=applications,
-            cluster_diagnosis=self.backend.diagnose(local_cluster_name(name), namespace),
+            cluster_diagnosis=self.clusters.diagnose(local_cluster_name(name), namespace),
             config_problems=service_config_problems(service),
         )
 
@@ -280,7 +292,7 @@ class LocalServices(ServiceBackend):
 
     def dashboard(self, name: str, namespace: str) -> HttpTransport:
         """The dashboard of the service's local RayCluster."""
-        return self.backend.dashboard(local_cluster_name(name), namespace)
+        return self.clusters.dashboard(local_cluster_name(name), namespace)
 
     def serve_endpoint(self, name: str, namespace: str) -> HttpTransport:
         """The Serve HTTP proxy on the service's head, ``http://127.0.0.1:<port>``."""

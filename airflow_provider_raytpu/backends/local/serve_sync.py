@@ -51,10 +51,11 @@ def service_dir_of(cluster_path: Path, manifest: Mapping[str, Any]) -> Path | No
     :param manifest: the cluster's stored manifest (a service's cluster names it in a label).
     """
     metadata = manifest.get("metadata") or {}
-    service = (metadata.get("labels") or {}).get(ORIGINATED_FROM_LABEL)
+    service: str | None = (metadata.get("labels") or {}).get(ORIGINATED_FROM_LABEL)
     if not service:
         return None
-    return home_of(cluster_path) / SERVICES_DIR / metadata.get("namespace", "default") / service
+    namespace: str = metadata.get("namespace", "default")
+    return home_of(cluster_path) / SERVICES_DIR / namespace / service
 
 
 def submitted_config(service: Mapping[str, Any], serve_port: int) -> dict[str, Any]:

@@ -89,7 +89,8 @@ def synthesise_status(stored: StoredCluster) -> tuple[dict[str, Any], list[dict[
     conditions = [
         _condition("HeadPodReady", head_ready, "HeadPodRunningAndReady" if head_ready else "HeadPodNotReady"),
         _condition("RayClusterProvisioned", head_ready and ready_hosts >= want,
-                   "AllPodRunningAndReadyFirstTime" if head_ready and ready_hosts >= want else "RayClusterPodsProvisioning"),
+                   "AllPodRunningAndReadyFirstTime" if head_ready and ready_hosts >= want
+                   else "RayClusterPodsProvisioning"),
     ]
     failure = state.get("failure")
     if not failure and not alive and not starting and not stored.deleting:

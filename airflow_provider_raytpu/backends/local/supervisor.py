@@ -50,8 +50,14 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_raytpu.backends.local.gcs import Gcs, dashboard_ready
-from airflow_provider_raytpu.backends.local.nodes import (Node, SliceRun, backoff, enable_parent_death_signal,
-                                                          first_ready, stop_nodes)
+from airflow_provider_raytpu.backends.local.nodes import (
+    Node,
+    SliceRun,
+    backoff,
+    enable_parent_death_signal,
+    first_ready,
+    stop_nodes,
+)
 from airflow_provider_raytpu.backends.local.plan import plan_cluster
 from airflow_provider_raytpu.backends.local.process import (
     CLUSTER_MARKER_ENV,
@@ -72,7 +78,7 @@ from airflow_provider_raytpu.backends.local.state import (
 )
 from airflow_provider_raytpu.backends.transport import DirectTransport
 from airflow_provider_raytpu.manifests.raycluster import EXPIRES_AT_ANNOTATION, parse_expiry
-from airflow_provider_raytpu.tpu import plural
+from airflow_provider_raytpu.values import plural
 
 log = logging.getLogger("airflow_provider_raytpu.local_supervisor")
 
@@ -105,10 +111,8 @@ class Supervisor:
         self.head = Node(self.plan.head, logs / "head.log")
         self.head_failed_starts, self.head_next_start, self.head_dashboard_ok = 0, 0.0, False
         self.ready_at: str | None = state.get("ready_at")
-        self.slices = [
-            SliceRun(i, self.plan.slice_names[i], [Node(spec, logs / f"{spec.key}.log") for spec in hosts])
-            for i, hosts in enumerate(self.plan.slices)
-        ]
+        self.slices = [SliceRun(i, self.plan.slice_names[i], [Node(spec, logs / f"{spec.key}.log") for spec in hosts])
+                       for i, hosts in enumerate(self.plan.slices)]
         self.failure: dict[str, str] | None = None
         self.phase = "starting"
         self.stop_requested = False

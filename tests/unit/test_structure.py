@@ -1,0 +1,84 @@
+"""The package's shape, read from its source: no import circle, small modules, imports that point down."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "airflow_provider_raytpu"
+ROOT = PACKAGE.name
+MODULES = {
+    ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): path
+    for path in sorted(PACKAGE.rglob("*.py"))
+}
+CLOUD_AND_RAY = ("ray", "jax", "orbax", "kubernetes", "kubernetes_asyncio", "google")
+
+
+def imports(path: Path, *, module_scope_only: bool = False) -> list[str]:
+    """Every module ``path`` imports (``from a import b`` gives ``a.b``), anywhere in it or at module scope only.
+    An import under ``if TYPE_CHECKING:`` is at module scope."""
+    tree = ast.parse(path.read_text())
+    nodes = ast.walk(tree) if not module_scope_only else _module_scope(tree.body)
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    return found
+
+
+def _module_scope(body: list[ast.stmt]) -> list[ast.stmt]:
+    found: list[ast.stmt] = []
+    for node in body:
+        found.append(node)
+        if isinstance(node, (ast.If, ast.Try)):
+            found += _module_scope([*node.body, *node.orelse, *getattr(node, "finalbody", [])])
+    return found
+
+
+def package_imports(name: str) -> set[str]:
+    """The package's own modules that module ``name`` imports."""
+    return {target for target in imports(MODULES[name]) if target in MODULES and target != name}
+
+
+def test_the_package_has_no_import_circle() -> None:
+    graph = {name: package_imports(name) for name in MODULES}
+    try:
+        list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        pytest.fail(f"Import circle: {' -> '.join(exc.args[1])}")
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    with pytest.raises(graphlib.CycleError):
+        list(graphlib.TopologicalSorter({"a": {"b"}, "b": {"a"}}).static_order())
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_a_module_has_at_most_400_lines(name: str) -> None:
+    assert len(MODULES[name].read_text().splitlines()) <= 400, f"{name} is over 400 lines: split it by its jobs"
+
+
+def _tops(names: list[str]) -> set[str]:
+    return {name.split(".")[0] for name in names}
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith((f"{ROOT}.manifests", f"{ROOT}.status"))
+                                  or n in (f"{ROOT}.tpu", f"{ROOT}.gke_tpu", f"{ROOT}.capacity", f"{ROOT}.values")])
+def test_a_pure_module_imports_no_airflow_ray_or_cloud_client(name: str) -> None:
+    assert not _tops(imports(MODULES[name])) & {"airflow", *CLOUD_AND_RAY}
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith(f"{ROOT}.workloads")])
+def test_a_workload_never_imports_airflow(name: str) -> None:
+    assert "airflow" not in _tops(imports(MODULES[name]))
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith(
+    tuple(f"{ROOT}.{layer}" for layer in ("operators", "sensors", "triggers", "hooks")))])
+def test_a_task_module_imports_no_ray_or_cloud_client_at_module_scope(name: str) -> None:
+    assert not _tops(imports(MODULES[name], module_scope_only=True)) & set(CLOUD_AND_RAY)
