@@ -1,6 +1,6 @@
 # Everything a fresh machine needs: `make demo` and `make test` (every test tier).
 # Python packages come from PyPI pinned by constraints.txt; the test control plane's
-# Kubernetes binaries are built from Go modules once per machine (tests/k8s/build_binaries.sh).
+# Kubernetes binaries are built from Go modules once per machine (tests/controlplane/build_binaries.sh).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256s
 PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
 UV_VERSION := 0.13.8
 
-.PHONY: install demo lint test test-full docs test-unit test-kube test-k8s test-ray test-deploy k8s-binaries kuberay-samples kueue bench constraints clean
+.PHONY: install demo lint test test-full docs test-unit test-fakeapi test-controlplane test-ray test-deployment k8s-binaries kuberay-samples kueue bench constraints clean
 
 install: $(STAMP)
 
@@ -28,16 +28,17 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(PY) example_dags/demo/run.py
 
-test: install lint k8s-binaries docs test-unit test-kube test-k8s test-ray test-deploy
+test: install lint k8s-binaries docs test-unit test-fakeapi test-controlplane test-ray test-deployment
 
 # ruff over the repository; mypy, strict, over the package (its settings and third-party gaps: pyproject.toml).
+# mypy's cache is kept per machine, as the control plane's binaries are: a clean clone checks only what changed.
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --cache-dir $(HOME)/.cache/airflow-provider-raytpu/mypy
 
 # Everything `make test` runs: it leaves nothing out for CI's budget any more (nightly_embeddings, the
 # preempted-host + promotion run of nightly_finetune and two-slice training that loses a slice, all on the real
-# operator, are in test-k8s).
+# operator, are in test-controlplane).
 test-full: test
 
 docs: install
@@ -49,31 +50,31 @@ test-unit: install kuberay-samples
 
 # KubeRay's TPU samples at the control plane's KubeRay tag, from its Go module (a download, no build).
 kuberay-samples:
-	bash tests/k8s/build_binaries.sh --samples >/dev/null
+	bash tests/controlplane/build_binaries.sh --samples >/dev/null
 
 # Hooks, operators, triggers and DAG runs against a fake Kubernetes API over real HTTP.
-test-kube: install
-	$(PYTEST) tests/fakekube tests/kube -q
+test-fakeapi: install
+	$(PYTEST) tests/fakeapi -q
 
 # The real control plane: etcd, kube-apiserver, scheduler, controller manager and the KubeRay
 # operator, built once per machine into ~/.cache/airflow-provider-raytpu/k8s (9-25 min cold).
 k8s-binaries:
-	bash tests/k8s/build_binaries.sh
+	bash tests/controlplane/build_binaries.sh
 
-# Kueue's manager, CRDs and webhook registrations, from its Go module (about 3 min cold), for tests/k8s/test_kueue.py.
+# Kueue's manager, CRDs and webhook registrations, from its Go module (about 3 min cold), for tests/controlplane/test_kueue.py.
 kueue:
-	bash tests/k8s/build_binaries.sh --kueue >/dev/null
+	bash tests/controlplane/build_binaries.sh --kueue >/dev/null
 
-test-k8s: install k8s-binaries kueue
-	RAYTPU_REQUIRE_K8S=1 $(PYTEST) tests/k8s -q
+test-controlplane: install k8s-binaries kueue
+	RAYTPU_REQUIRE_K8S=1 $(PYTEST) tests/controlplane -q
 
 # Real Ray: the local backend, Ray jobs, Serve, Ray Data and JaxTrainer on emulated TPU slices.
 test-ray: install
-	$(PYTEST) tests/local tests/workloads -q
+	$(PYTEST) tests/ray -q
 
 # A real Airflow deployment: api-server, scheduler, dag-processor and triggerer as separate processes
 # (LocalExecutor on SQLite, a private AIRFLOW_HOME), the local backend, driven only through the REST API.
-test-deploy: install
+test-deployment: install
 	$(PYTEST) tests/deployment -q
 
 # Benchmarks against the existing tools (not part of `make test`); writes docs/benchmarks.md.

@@ -2,8 +2,8 @@
 
 A task log must never go quiet for more than 10 s while a task waits (for processes or
 pods to stop, a serving cluster to start, a Ray job to end). :func:`progress` covers a
-blocking call that says nothing while it runs; :class:`Heartbeat` paces the lines of a
-loop that polls on its own; :func:`with_heartbeat` wakes a trigger whose watch is quiet.
+blocking call that says nothing while it runs; :class:`LogPace` paces the lines of a
+loop that polls on its own; :func:`with_pace` wakes a trigger whose watch is quiet.
 Standard library only: operators, sensors and triggers all use it.
 """
 
@@ -30,7 +30,7 @@ class TaskLog(Protocol):
 PROGRESS_SECONDS = 8.0
 
 
-class Heartbeat:
+class LogPace:
     """Says when a waiting loop should log again: when what it reports changed, or every ``every`` seconds.
 
     :param every: the longest silence, in seconds.
@@ -115,22 +115,22 @@ def progress(log: TaskLog, what: str, detail: Callable[[], str] | None = None,
             thread.join(every)
 
 
-async def with_heartbeat(items: AsyncIterator[T], heartbeat: Heartbeat) -> AsyncGenerator[T | None, None]:
-    """Yield each item of ``items``, and ``None`` whenever ``heartbeat`` comes due without one.
+async def with_pace(items: AsyncIterator[T], pace: LogPace) -> AsyncGenerator[T | None, None]:
+    """Yield each item of ``items``, and ``None`` whenever ``pace`` comes due without one.
 
     For a watch that yields only on change: on ``None`` the consumer logs its progress (or
-    calls :meth:`Heartbeat.quiet` when it has nothing to say yet). The pending read is not
-    cancelled by a heartbeat, only when the consumer stops.
+    calls :meth:`LogPace.quiet` when it has nothing to say yet). The pending read is not
+    cancelled by a pace, only when the consumer stops.
 
     :param items: the async iterator to follow.
-    :param heartbeat: the consumer's heartbeat.
+    :param pace: the consumer's pace.
     """
     pending: asyncio.Future[T] | None = None
     try:
         while True:
             if pending is None:
                 pending = asyncio.ensure_future(anext(items))
-            done, _ = await asyncio.wait({pending}, timeout=heartbeat.seconds_left())
+            done, _ = await asyncio.wait({pending}, timeout=pace.seconds_left())
             if not done:
                 yield None
                 continue

@@ -81,7 +81,8 @@ def quiet_logs() -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    for name in ("airflow", "airflow_provider_raytpu", "tests.fakekube", "aiohttp", "kubernetes_asyncio", "urllib3"):
+    for name in ("airflow", "airflow_provider_raytpu", "tests.support.fake_apiserver", "aiohttp", "kubernetes_asyncio",
+                 "urllib3"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
@@ -113,8 +114,8 @@ def point_connections_at(kube_airflow_connection: str, namespace: str = NAMESPAC
 def fake_kube(*, delay: float = 0.05, stagger: float = 0.0, mode: str = "hold",
               namespace: str = NAMESPACE) -> Iterator[tuple[Any, Any]]:
     """An in-process fake API server (its own thread) with the KubeRay reactor; connections point at it."""
-    from tests.fakekube.kuberay import KubeRayReactor
-    from tests.fakekube.server import FakeKubeApiServer
+    from tests.support.fake_apiserver.kuberay import KubeRayReactor
+    from tests.support.fake_apiserver.server import FakeKubeApiServer
 
     with FakeKubeApiServer() as server:
         with KubeRayReactor(server, delay=delay, stagger=stagger, mode=mode) as reactor:

@@ -1,6 +1,6 @@
 """The fake Kubernetes API server as a process of its own, with N RayClusters waiting to turn ready.
 
-Used by ``triggerer_capacity.py``: the server (tests/fakekube, real HTTP or HTTPS with a cluster
+Used by ``triggerer_capacity.py``: the server (tests/support/fake_apiserver, real HTTP or HTTPS with a cluster
 CA in the kubeconfig) runs in a separate process so its work does not land on the measured event
 loop (the two processes still share the machine's cores). The RayClusters (v6e 2x2: head + one
 host) are stamped from a template the KubeRay reactor made pending; at the switch the server
@@ -42,8 +42,8 @@ def server_main(conn: Any, clusters: int, delay: float, tls: bool, bookmark_inte
     """The fake API server's process (see the module docstring)."""
     _common.raise_fd_limit()
     _common.quiet_logs()
-    from tests.fakekube.kuberay import KubeRayReactor
-    from tests.fakekube.server import FakeKubeApiServer
+    from tests.support.fake_apiserver.kuberay import KubeRayReactor
+    from tests.support.fake_apiserver.server import FakeKubeApiServer
 
     ready_at: dict[str, float] = {}
     tmpl = "tmpl"

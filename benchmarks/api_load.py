@@ -1,7 +1,7 @@
 """API load: requests to the Kubernetes API server per waiting sensor-hour, ours vs the cncf polling pattern.
 
 For each size (10 and 100 sensors by default), RayClusters stay not ready (the KubeRay reactor
-holds their pods Pending) while, against the same fake API server (tests/fakekube, HTTPS with a
+holds their pods Pending) while, against the same fake API server (tests/support/fake_apiserver, HTTPS with a
 cluster CA, in this process's own thread), in one event loop:
 
 - ours: one ``RayClusterReadyTrigger`` per cluster. Counted: the requests until every trigger
@@ -121,14 +121,14 @@ def main() -> None:
     parser.add_argument("--polls", type=int, default=3, help="polls per baseline sensor counted")
     args = parser.parse_args()
     _common.quiet_logs()
-    from tests.fakekube.kuberay import KubeRayReactor
-    from tests.fakekube.server import FakeKubeApiServer
+    from tests.support.fake_apiserver.kuberay import KubeRayReactor
+    from tests.support.fake_apiserver.server import FakeKubeApiServer
 
     sizes = [int(x) for x in args.sizes.split(",") if x]
     result = _common.Result("api_load", {
         "sizes": sizes, "window_s": args.window, "baseline_polls": args.polls,
-        "server": "tests/fakekube FakeKubeApiServer over HTTPS (trustme CA in the kubeconfig), in this process's "
-                  "own thread, a bookmark every 60 s; clusters v6e 2x2 held Pending by the KubeRay reactor",
+        "server": "tests/support/fake_apiserver FakeKubeApiServer over HTTPS (trustme CA in the kubeconfig), in this "
+                  "process's own thread, a bookmark every 60 s; clusters v6e 2x2 held Pending by the KubeRay reactor",
         "baseline": "the cncf-kubernetes KubernetesJobTrigger pattern: a cached AsyncKubernetesHook, one GET through "
                     f"get_conn() every {POLL_INTERVAL:g} s (its default poll_interval)",
     })

@@ -1,6 +1,6 @@
 """Job triggers at scale: status requests per cluster per tick, and bytes moved to follow a long job log.
 
-The Ray dashboards are tests/kube/jobs_stub.py (Ray's Jobs REST API and its streaming log tail,
+The Ray dashboards are tests/support/jobs_stub.py (Ray's Jobs REST API and its streaming log tail,
 with Ray's framing: the log from the start in messages of at most 10 lines, then new lines as
 they come), behind the fake Kubernetes API server's service proxy over HTTPS, as a KubeRay
 cluster's dashboard is reached by default. Bytes are counted on the wire, by a TCP relay between
@@ -203,8 +203,8 @@ def main() -> None:
     parser.add_argument("--log-seconds", type=float, default=20.0)
     args = parser.parse_args()
     _common.quiet_logs()
-    from tests.fakekube.server import FakeKubeApiServer
-    from tests.kube.jobs_stub import JobsStub
+    from tests.support.fake_apiserver.server import FakeKubeApiServer
+    from tests.support.jobs_stub import JobsStub
 
     result = _common.Result("job_load", {**vars(args), "tick_s": TICK, "transport": "HTTPS through the fake API "
                                          "server's service proxy; bytes counted by a TCP relay before the API server"})

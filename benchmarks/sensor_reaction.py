@@ -1,7 +1,7 @@
 """Sensor reaction: time from a status change on the API server to the waiting task's event.
 
 Ours: ``RayClusterReadyTrigger`` / ``RayServiceRunningTrigger`` (list once, then watch) against the
-fake Kubernetes API server (tests/fakekube, real HTTP, in-process in its own thread). The change is
+fake Kubernetes API server (tests/support/fake_apiserver, real HTTP, in-process in its own thread). The change is
 
 - RayCluster: the KubeRay reactor flipping the cluster to ready (its pods become ready ``delay``
   after ``set_mode("auto")``); the change time is the commit of the status write that makes it
@@ -109,7 +109,7 @@ async def ours_cluster(server: Any, reactor: Any, backend: Any, clock: ChangeClo
 
 
 class ServicePlay:
-    """KubeRay's RayService controller for one service, as tests/kube/rayservice_controller.py plays it."""
+    """KubeRay's RayService controller for one service, as tests/support/rayservice_controller.py plays it."""
 
     def __init__(self, server: Any, reactor: Any, backend: Any, name: str) -> None:
         self.server, self.reactor, self.backend, self.name = server, reactor, backend, name
@@ -251,7 +251,7 @@ async def main_async(args: argparse.Namespace) -> _common.Result:
     result = _common.Result("sensor_reaction", {
         "trials": args.trials, "poll_loops_per_interval": args.poll_loops, "measured_intervals_s": measure,
         "derived_intervals_s": derive, "reactor_delay_s": args.delay, "cluster": "v6e 4x4 (4 hosts + head)",
-        "server": "tests/fakekube FakeKubeApiServer in-process (own thread), real HTTP on 127.0.0.1",
+        "server": "tests/support/fake_apiserver FakeKubeApiServer in-process (own thread), real HTTP on 127.0.0.1",
     })
     with _common.fake_kube(delay=args.delay, mode="hold") as (server, reactor):
         backend = RayTpuHook(CONN).backend

@@ -33,7 +33,7 @@ from airflow_provider_raytpu.manifests.raycluster import (
     SPEC_HASH_ANNOTATION,
     TASK_ID_KEY,
 )
-from airflow_provider_raytpu.progress import Heartbeat
+from airflow_provider_raytpu.progress import LogPace
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +90,8 @@ def wait_until_gone(kind: str, name: str, namespace: str, get: Callable[[str, st
     and at least every :data:`~airflow_provider_raytpu.progress.PROGRESS_SECONDS`; or fail naming
     what to check. The last line says how long the deletion took, from ``deleting_since``
     (``time.monotonic()`` when the delete call began; default: now)."""
-    heartbeat = Heartbeat()
-    since = heartbeat.started if deleting_since is None else deleting_since
+    pace = LogPace()
+    since = pace.started if deleting_since is None else deleting_since
     while True:
         exists = get(name, namespace) is not None
         pods = pods_left() if pods_left is not None and not exists else []
@@ -103,15 +103,15 @@ def wait_until_gone(kind: str, name: str, namespace: str, get: Callable[[str, st
         if pods:
             shown = ", ".join(sorted(pods)[:5]) + (f" and {len(pods) - 5} more" if len(pods) > 5 else "")
             left += f"; {len(pods)} {'pod' if len(pods) == 1 else 'pods'} terminating ({shown})"
-        if heartbeat.due(left):
-            log.info("Waiting for %s %s/%s to be gone: %s (%.0f s)", kind, namespace, name, left, heartbeat.elapsed)
-        if heartbeat.elapsed > timeout:
+        if pace.due(left):
+            log.info("Waiting for %s %s/%s to be gone: %s (%.0f s)", kind, namespace, name, left, pace.elapsed)
+        if pace.elapsed > timeout:
             pod_hint = f", and kubectl get pods -n {namespace} -l ray.io/cluster={name}" if pods_left else ""
             raise TimeoutError(
                 f"{kind} {namespace}/{name} not gone {timeout:.0f} s after delete ({left}); check for stuck "
                 f"finalizers with kubectl get {kind.lower()} {name} -n {namespace} -o yaml{pod_hint}"
             )
-        time.sleep(min(poll_interval, heartbeat.seconds_left()))
+        time.sleep(min(poll_interval, pace.seconds_left()))
 
 
 def annotations_of(obj: dict[str, Any]) -> dict[str, str]:

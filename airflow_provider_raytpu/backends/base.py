@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from airflow_provider_raytpu.backends.settings import ConnectionSettings
-from airflow_provider_raytpu.backends.transport import HttpTransport
+from airflow_provider_raytpu.connection import ConnectionSettings
+from airflow_provider_raytpu.dashboard.transport import HttpTransport
 from airflow_provider_raytpu.status import ClusterStatus, ServiceStatus
 
 
@@ -162,11 +162,11 @@ class ClusterBackend(abc.ABC):
         """The cluster's state, with per-slice detail.
 
         :param confirm_with_ray: a READY stays READY only when Ray lists every TPU host with its chips,
-            its slice's name and one slice head per slice (:mod:`~airflow_provider_raytpu.backends.ray_state`).
+            its slice's name and one slice head per slice (:mod:`~airflow_provider_raytpu.dashboard.nodes`).
         """
 
     @abc.abstractmethod
-    def diagnose(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
+    def diagnose_cluster(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
         """Why the cluster is not ready: which hosts are missing and what holds them (with
         ``confirm_with_ray``, also what Ray does not list)."""
 
@@ -181,8 +181,8 @@ class ClusterBackend(abc.ABC):
         READY by its pods but not yet by Ray is read again every ``poll_interval`` seconds)."""
 
     @abc.abstractmethod
-    async def adiagnose(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
-        """:meth:`diagnose` without blocking the event loop."""
+    async def adiagnose_cluster(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
+        """:meth:`diagnose_cluster` without blocking the event loop."""
 
     def close(self) -> None:
         """Release the clients this backend opened (a task calls it when it ends); none by default."""

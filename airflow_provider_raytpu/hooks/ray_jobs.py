@@ -4,11 +4,11 @@ Every request goes through the transport the connection's backend gives for the
 cluster's dashboard (:meth:`~airflow_provider_raytpu.backends.base.ClusterBackend.dashboard`;
 on Kubernetes by default the API server's service proxy with the Kubernetes client's own
 authentication), so this hook does not know which backend it talks to, and needs no Ray: sync
-calls go through :class:`~airflow_provider_raytpu.hooks.jobs_api.JobsApi` (what Ray's
+calls go through :class:`~airflow_provider_raytpu.dashboard.jobs.JobsApi` (what Ray's
 ``JobSubmissionClient`` sends, ``py_modules`` and ``working_dir`` uploads too) on that
 transport; the triggers' async calls use the transport directly: a job's
-status from its cluster's shared :class:`~airflow_provider_raytpu.hooks.job_board.JobBoard`,
-its log from Ray's streaming tail (:class:`~airflow_provider_raytpu.hooks.log_tail.LogTail`).
+status from its cluster's shared :class:`~airflow_provider_raytpu.dashboard.job_board.JobBoard`,
+its log from Ray's streaming tail (:class:`~airflow_provider_raytpu.dashboard.log_tail.LogTail`).
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseHook
 
-from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
-from airflow_provider_raytpu.hooks.job_board import DashboardError, JobBoard, job_board
-from airflow_provider_raytpu.hooks.jobs_api import JobRecord, JobsApi
-from airflow_provider_raytpu.hooks.log_tail import LogTail
-from airflow_provider_raytpu.hooks.outage import DEFAULT_UNREACHABLE_GRACE, call_through_outage
+from airflow_provider_raytpu.connection import DEFAULT_CONN_ID
+from airflow_provider_raytpu.dashboard.job_board import DashboardError, JobBoard, job_board
+from airflow_provider_raytpu.dashboard.jobs import JobRecord, JobsApi
+from airflow_provider_raytpu.dashboard.log_tail import LogTail
+from airflow_provider_raytpu.dashboard.outage import DEFAULT_UNREACHABLE_GRACE, call_through_outage
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.base import ClusterBackend
-    from airflow_provider_raytpu.backends.transport import HttpTransport
+    from airflow_provider_raytpu.dashboard.transport import HttpTransport
 
 T = TypeVar("T")
 

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_provider_raytpu.backends.loop_shared import loop_shared
-from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID, HOW_TO_CONNECT, ConnectionSettings
+from airflow_provider_raytpu.connection import DEFAULT_CONN_ID, HOW_TO_CONNECT, ConnectionSettings
 from airflow_provider_raytpu.errors import FatalError
+from airflow_provider_raytpu.loop_shared import loop_shared
 
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.base import ClusterBackend

@@ -12,7 +12,7 @@ from airflow.sdk import TriggerRule
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
+from airflow_provider_raytpu.connection import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import FatalError, InvalidInputError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 from airflow_provider_raytpu.manifests.names import (

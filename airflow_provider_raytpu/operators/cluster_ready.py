@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast
-from airflow_provider_raytpu.progress import Heartbeat
+from airflow_provider_raytpu.progress import LogPace
 from airflow_provider_raytpu.status import ClusterStatus, Phase, ReconcileFailureGrace
 from airflow_provider_raytpu.triggers.raycluster import DEFAULT_GRACE_PERIOD, RayClusterReadyTrigger
 
@@ -104,18 +104,18 @@ class ClusterReadyWait(ClusterTaskMixin):
             self.defer_until_ready(name, namespace, poll_interval, method_name)
         deadline = time.monotonic() + self.ready_timeout
         grace = ReconcileFailureGrace(self.ready_grace)
-        heartbeat = Heartbeat()
-        heartbeat.due(status.message)
+        pace = LogPace()
+        pace.due(status.message)
         while status.phase not in SETTLED and time.monotonic() < deadline:
-            time.sleep(min(poll_interval, heartbeat.seconds_left()))
+            time.sleep(min(poll_interval, pace.seconds_left()))
             status = grace.judge(self.read_status(name, namespace), time.time())
-            if heartbeat.due(status.message):
+            if pace.due(status.message):
                 self.log.info("RayCluster %s/%s: %s: %s (%.0f s)", namespace, name, status.phase.value,
-                              status.message, heartbeat.elapsed)
+                              status.message, pace.elapsed)
         if (ready := self.ready_outcome(status, name, namespace)) is not None:
             return ready
         with fail_fast():
-            diagnosis = self.backend.diagnose(name, namespace, confirm_with_ray=self.confirms_with_ray)
+            diagnosis = self.backend.diagnose_cluster(name, namespace, confirm_with_ray=self.confirms_with_ray)
         raise AirflowException(self.not_ready_after(name, namespace, diagnosis))
 
     def ready_from_event(self, event: dict[str, Any], timeout_error: type[Exception] = AirflowException,

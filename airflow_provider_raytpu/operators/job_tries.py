@@ -20,12 +20,12 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, METADATA_PREFIX, TERMINAL, JobIdentity, RayJobsHook
 from airflow_provider_raytpu.operators.base import map_index_of
-from airflow_provider_raytpu.progress import Heartbeat, TaskLog
+from airflow_provider_raytpu.progress import LogPace, TaskLog
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_provider_raytpu.hooks.jobs_api import JobRecord
+    from airflow_provider_raytpu.dashboard.jobs import JobRecord
 
 MAX_TRIES_KEY = f"{METADATA_PREFIX}max_tries"
 STOP_TIMEOUT_SECONDS = 120.0
@@ -66,13 +66,13 @@ def stop_leftovers(jobs: RayJobsHook, previous: list[JobRecord], log: TaskLog, p
         log.warning("Stopping Ray job %s left running by an earlier run of this task", submission_id)
         jobs.stop(submission_id)
     deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
-    heartbeat = Heartbeat()
+    pace = LogPace()
     for submission_id in leftovers:
         while (status := jobs.status(submission_id)[0]) not in TERMINAL:
             if time.monotonic() > deadline:
                 raise AirflowException(f"Ray job {submission_id} is still {status} {STOP_TIMEOUT_SECONDS:.0f} s "
                                        "after it was asked to stop; not submitting a second driver next to it")
-            if heartbeat.due(status):
-                log.info("Waiting for Ray job %s to stop: %s (%.0f s)", submission_id, status, heartbeat.elapsed)
+            if pace.due(status):
+                log.info("Waiting for Ray job %s to stop: %s (%.0f s)", submission_id, status, pace.elapsed)
             time.sleep(min(poll_interval, 1.0))
         log.info("Ray job %s ended %s", submission_id, status)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from airflow.sdk.types import TaskInstanceKey
 
     from airflow_provider_raytpu.backends.base import ClusterBackend, ServiceBackend
-    from airflow_provider_raytpu.backends.transport import HttpTransport
+    from airflow_provider_raytpu.dashboard.transport import HttpTransport
 
 GCS_CONSOLE = "https://console.cloud.google.com/storage/browser/"
 EMULATOR_HOST_VAR = "STORAGE_EMULATOR_HOST"

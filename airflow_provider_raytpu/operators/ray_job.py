@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_raytpu.hooks.job_log import (
+from airflow_provider_raytpu.dashboard.job_log import (
     JobLogFollower,
     closing_line,
     job_message,
@@ -21,7 +21,7 @@ from airflow_provider_raytpu.hooks.job_log import (
     returned,
     shown_entrypoint,
 )
-from airflow_provider_raytpu.hooks.outage import DEFAULT_UNREACHABLE_GRACE, DashboardUnreachableError
+from airflow_provider_raytpu.dashboard.outage import DEFAULT_UNREACHABLE_GRACE, DashboardUnreachableError
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, TERMINAL, JobIdentity, RayJobsHook
 from airflow_provider_raytpu.operators.base import (
     check_literal,
@@ -33,14 +33,14 @@ from airflow_provider_raytpu.operators.base import (
 from airflow_provider_raytpu.operators.cluster_ready import ClusterReadyWait
 from airflow_provider_raytpu.operators.job_tries import job_identity, same_cycle, stop_leftovers, will_be_retried
 from airflow_provider_raytpu.operators.links import RayJobLink, dashboard_url, push_link
-from airflow_provider_raytpu.progress import Heartbeat
+from airflow_provider_raytpu.progress import LogPace
 from airflow_provider_raytpu.triggers.ray_job import RayJobTrigger
 from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, last_result
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperatorLink, Context
 
-    from airflow_provider_raytpu.hooks.jobs_api import JobRecord
+    from airflow_provider_raytpu.dashboard.jobs import JobRecord
 
 LOG_TAIL_LINES = 50
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -288,7 +288,7 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
 
     def _wait(self, submission_id: str) -> Any:
         follower = JobLogFollower()
-        heartbeat = Heartbeat()
+        pace = LogPace()
         while True:
             status, message = self.jobs.status(submission_id)
             logs = self.jobs.logs(submission_id)
@@ -298,11 +298,11 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
             if status in TERMINAL:
                 return self._finish(submission_id, status, message, logs)
             if lines:
-                heartbeat.quiet()
-            elif heartbeat.due():
+                pace.quiet()
+            elif pace.due():
                 self.log.info("Waiting for Ray job %s: %s, no new output (%.0f s)", submission_id, status,
-                              heartbeat.elapsed)
-            time.sleep(min(self.poll_interval, heartbeat.seconds_left()))
+                              pace.elapsed)
+            time.sleep(min(self.poll_interval, pace.seconds_left()))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         with self._task_clients():

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, TriggerRule
 
-from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
+from airflow_provider_raytpu.connection import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 from airflow_provider_raytpu.hooks.run_files import check_report_uri, write_report_files

@@ -10,7 +10,7 @@ import os
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from airflow_provider_raytpu.backends.settings import DEFAULT_CONN_ID
+from airflow_provider_raytpu.connection import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.gke_tpu import offered_shapes
 from airflow_provider_raytpu.operators.base import is_templated

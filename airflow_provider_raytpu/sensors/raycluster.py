@@ -118,7 +118,7 @@ class RayClusterReadySensor(ClusterReadyWait, BaseSensorOperator):
                 return done
             except AirflowSensorTimeout as exc:
                 with fail_fast():
-                    diagnosis = self.backend.diagnose(name, namespace, confirm_with_ray=self.confirms_with_ray)
+                    diagnosis = self.backend.diagnose_cluster(name, namespace, confirm_with_ray=self.confirms_with_ray)
                 raise AirflowSensorTimeout(self.not_ready_after(name, namespace, diagnosis)) from exc
         first = self.poke(context)
         if first.is_done:

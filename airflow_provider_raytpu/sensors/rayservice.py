@@ -224,7 +224,7 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
         when an application is UNHEALTHY, so in reschedule mode that ends the wait only at
         ``timeout`` (or at once with ``grace_period=0``).
         """
-        from airflow_provider_raytpu.backends.serve_api import serve_details
+        from airflow_provider_raytpu.dashboard.serve import serve_details
 
         first = context["ti"].get_first_reschedule_date(context)
         started = first.timestamp() if first else time.time()

@@ -10,10 +10,10 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_raytpu.hooks.job_log import JobLogFollower, job_message, mask_secret_arguments
-from airflow_provider_raytpu.hooks.outage import DEFAULT_UNREACHABLE_GRACE, Outage
+from airflow_provider_raytpu.dashboard.job_log import JobLogFollower, job_message, mask_secret_arguments
+from airflow_provider_raytpu.dashboard.outage import DEFAULT_UNREACHABLE_GRACE, Outage
 from airflow_provider_raytpu.hooks.ray_jobs import TERMINAL, RayJobsHook
-from airflow_provider_raytpu.progress import Heartbeat
+from airflow_provider_raytpu.progress import LogPace
 from airflow_provider_raytpu.workloads.result import RESULT_PREFIX, last_result
 
 #: Seconds a reachable dashboard may not list the job before the trigger gives up (a restarted head
@@ -38,7 +38,7 @@ class RayJobTrigger(BaseTrigger):
 
     The job's status comes from its cluster's job list, read once per tick for every job
     trigger on that cluster; its log from Ray's streaming log tail
-    (:class:`~airflow_provider_raytpu.hooks.log_tail.LogTail`). How much of the log was written
+    (:class:`~airflow_provider_raytpu.dashboard.log_tail.LogTail`). How much of the log was written
     is saved in the task's XCom ``raytpu_job_log_offset`` before the lines up to it are written
     (at most every 5 s: lines that arrive sooner wait), and confirmed once they were, so a trigger
     that a restarted triggerer runs again goes on from there and writes each line once. Lines whose
@@ -77,7 +77,7 @@ class RayJobTrigger(BaseTrigger):
         self._tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._result_line: str | None = None
         self._shown = JobLogFollower()
-        self._heartbeat = Heartbeat()
+        self._pace = LogPace()
         self._saved_at = -OFFSET_SAVE_SECONDS
         self._again_until = 0
         self._failed_saves = 0
@@ -127,13 +127,13 @@ class RayJobTrigger(BaseTrigger):
         board = await hook.ajob_board()
         async with board.follow(self.submission_id, self.poll_interval, wake) as job, \
                 hook.log_tail(self.submission_id, self.logged_chars, wake, self.poll_interval) as tail:
-            heartbeat = self._heartbeat
+            pace = self._pace
             while True:
                 try:
-                    await asyncio.wait_for(wake.wait(), min(heartbeat.seconds_left(), self._save_due_in()))
+                    await asyncio.wait_for(wake.wait(), min(pace.seconds_left(), self._save_due_in()))
                 except TimeoutError:  # quiet, or lines held back until the next save
                     await self._pass_on("")
-                    if heartbeat.due():
+                    if pace.due():
                         self.log.info("%s", self._quiet_line(job.job, unreachable, unlisted))
                     continue
                 wake.clear()
@@ -168,9 +168,9 @@ class RayJobTrigger(BaseTrigger):
             return self._event("ERROR", f"Ray job {self.submission_id}: {outage.given_up(what, problem)}")
         self._failed_read = (what, problem)
         if outage.failures == 1:
-            self._heartbeat.quiet()
+            self._pace.quiet()
             self.log.warning("Ray job %s: %s", self.submission_id, outage.describe(what, problem))
-        elif self._heartbeat.due():
+        elif self._pace.due():
             self.log.info("%s", self._quiet_line(None, outage))
         return None
 
@@ -180,7 +180,7 @@ class RayJobTrigger(BaseTrigger):
         if (outage := next((o for o in outages if o.since is not None), None)) is not None:
             return f"Ray job {self.submission_id}: {outage.describe(*self._failed_read)}"
         status = job["status"] if job is not None else "status not read yet"
-        return f"Waiting for Ray job {self.submission_id}: {status}, no new output ({self._heartbeat.elapsed:.0f} s)"
+        return f"Waiting for Ray job {self.submission_id}: {status}, no new output ({self._pace.elapsed:.0f} s)"
 
     async def _pass_on(self, text: str, *, final: bool = False) -> None:
         """Take ``text`` after what was read and not yet written; when a save is due (or the log is
@@ -236,7 +236,7 @@ class RayJobTrigger(BaseTrigger):
         for mark, part in (("[ray job, again]", lines[:again]), ("[ray job]", lines[again:])):
             for line in self._shown.shown("\n".join(part)) if part else ():
                 self.log.info("%s %s", mark, line)
-                self._heartbeat.quiet()
+                self._pace.quiet()
         self.logged_chars += chars
 
     def _event(self, status: str, message: str) -> dict[str, Any]:

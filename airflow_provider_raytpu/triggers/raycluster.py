@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_provider_raytpu.dashboard.outage import DEFAULT_UNREACHABLE_GRACE, Outage, is_transient, problem_of
 from airflow_provider_raytpu.errors import FatalError
-from airflow_provider_raytpu.hooks.outage import DEFAULT_UNREACHABLE_GRACE, Outage, is_transient, problem_of
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
-from airflow_provider_raytpu.progress import Heartbeat, with_heartbeat
+from airflow_provider_raytpu.progress import LogPace, with_pace
 from airflow_provider_raytpu.status import ClusterStatus, ReconcileFailureGrace
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class RayClusterReadyTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         where = {"cluster_name": self.cluster_name, "namespace": self.namespace}
         grace = ReconcileFailureGrace(self.grace_period)
-        heartbeat = Heartbeat()
+        pace = LogPace()
         outage = Outage(self.unreachable_grace_period)
         backend: ClusterBackend | None = None
         self._last: ClusterStatus | None = None
@@ -94,7 +94,7 @@ class RayClusterReadyTrigger(BaseTrigger):
             try:
                 if backend is None:
                     backend = await RayTpuHook(self.raytpu_conn_id).abackend()
-                final = await self._wait(backend, grace, heartbeat)
+                final = await self._wait(backend, grace, pace)
                 break
             except FatalError as exc:
                 yield TriggerEvent({**where, "status": "ERROR", "message": str(exc)})
@@ -109,7 +109,7 @@ class RayClusterReadyTrigger(BaseTrigger):
                     yield TriggerEvent({**where, "status": "UNREACHABLE",
                                         "message": outage.given_up(what, problem_of(exc))})
                     return
-                if outage.failures == 1 or heartbeat.due():
+                if outage.failures == 1 or pace.due():
                     log = self.log.warning if outage.failures == 1 else self.log.info
                     log("%s", outage.describe(what, problem_of(exc)))
                 await asyncio.sleep(min(outage.backoff(), max(0.0, self.deadline - time.time())))
@@ -120,7 +120,7 @@ class RayClusterReadyTrigger(BaseTrigger):
             yield TriggerEvent({**where, "status": final.phase.value, "cluster": final.to_dict()})
             return
         try:
-            diagnosis = await backend.adiagnose(self.cluster_name, self.namespace,
+            diagnosis = await backend.adiagnose_cluster(self.cluster_name, self.namespace,
                                                 confirm_with_ray=self._confirms(backend))
         except Exception as exc:  # the deadline came first; the diagnosis is a courtesy
             diagnosis = f"(no diagnosis: {exc})"
@@ -130,7 +130,7 @@ class RayClusterReadyTrigger(BaseTrigger):
         return backend.settings.confirm_with_ray if self.confirm_with_ray is None else self.confirm_with_ray
 
     async def _wait(self, backend: ClusterBackend, grace: ReconcileFailureGrace,
-                    heartbeat: Heartbeat) -> ClusterStatus | None:
+                    pace: LogPace) -> ClusterStatus | None:
         """Watch until the cluster is READY, FAILED or GONE (that status, or FAILED when a reconcile failure
         outlasts its grace), or the deadline (``None``).
 
@@ -142,15 +142,15 @@ class RayClusterReadyTrigger(BaseTrigger):
                 async with contextlib.aclosing(
                     backend.watch_cluster(self.cluster_name, self.namespace, poll_interval=self.poll_interval,
                                           confirm_with_ray=self._confirms(backend))
-                ) as statuses, contextlib.aclosing(with_heartbeat(statuses, heartbeat)) as beats:
+                ) as statuses, contextlib.aclosing(with_pace(statuses, pace)) as beats:
                     async for item in beats:
                         self._last = item or self._last
                         if self._last is None:
-                            heartbeat.quiet()  # nothing read yet
+                            pace.quiet()  # nothing read yet
                             continue
-                        if heartbeat.due(self._last.message):
+                        if pace.due(self._last.message):
                             self.log.info("RayCluster %s: %s: %s (%.0f s)", self.cluster_name,
-                                          self._last.phase.value, self._last.message, heartbeat.elapsed)
+                                          self._last.phase.value, self._last.message, pace.elapsed)
                         status = grace.judge(self._last, time.time())
                         if status.finished:
                             return status

@@ -12,7 +12,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
-from airflow_provider_raytpu.progress import Heartbeat
+from airflow_provider_raytpu.progress import LogPace
 from airflow_provider_raytpu.status import APP_DEPLOYING, APP_UNHEALTHY, ServicePhase, ServiceStatus
 
 if TYPE_CHECKING:
@@ -149,11 +149,11 @@ class RayServiceRunningTrigger(BaseTrigger):
         clock = ApplicationClock(self.deploying_timeout)
         unhealthy = ApplicationClock(self.grace_period, APP_UNHEALTHY)
         last: ServiceStatus | None = None
-        heartbeat = Heartbeat()
+        pace = LogPace()
         try:
             while True:
                 now = time.time()
-                waits = [w for w in (clock.seconds_left(now), unhealthy.seconds_left(now), heartbeat.seconds_left(),
+                waits = [w for w in (clock.seconds_left(now), unhealthy.seconds_left(now), pace.seconds_left(),
                                      self.poll_interval if last is not None and last.refresh else None)
                          if w is not None]
                 try:
@@ -166,15 +166,15 @@ class RayServiceRunningTrigger(BaseTrigger):
                     item = await services.aservice_status(self.service_name, self.namespace, self.version)
                 status = item or last
                 if status is None:
-                    heartbeat.quiet()  # nothing read yet
+                    pace.quiet()  # nothing read yet
                     continue
                 last = status
                 now = time.time()
                 clock.update(status, now)
                 unhealthy.update(status, now)
-                if heartbeat.due(status.message):
+                if pace.due(status.message):
                     self.log.info("RayService %s: %s: %s (%.0f s)", self.service_name, status.phase.value,
-                                  status.message, heartbeat.elapsed)
+                                  status.message, pace.elapsed)
                 if status.finished:
                     return {"status": status.phase.value, "service": status.to_dict()}
                 if overdue := unhealthy.overdue(now):

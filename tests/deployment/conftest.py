@@ -15,30 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raytpu.backends.local import LocalBackend
-from airflow_provider_raytpu.backends.settings import ConnectionSettings
-from tests.deployment.deployment import COMPONENTS, REPO, AirflowDeployment, DeploymentError
+from tests.deployment.deployment import (
+    COMPONENTS,
+    EXPECTED_DAGS,
+    REPO,
+    AirflowDeployment,
+    DeploymentError,
+    local_backend,
+    local_connection,
+)
 from tests.deployment.rest import AirflowApi
-from tests.gcs import GcsStorage, fake_gcs  # noqa: F401  (fake_gcs is a fixture)
+from tests.support.gcs import GcsStorage, fake_gcs  # noqa: F401  (fake_gcs is a fixture)
 
 HERE = Path(__file__).resolve().parent
-EXPECTED_DAGS = {"tpu_cluster_lifecycle", "nightly_finetune", "nightly_embeddings", "tpu_model_serving",
-                 "after_promotion", "raytpu_jobs", "raytpu_training", "raytpu_soak", "etl_daily", "etl.daily"}
-
-
-def local_connection(deployment: AirflowDeployment, conn_id: str = "raytpu_default") -> dict[str, str]:
-    """The body the connection form sends for a ``raytpu`` connection to the local backend."""
-    extra = {"backend": "local", "namespace": "default", "local_home": str(deployment.raytpu_home)}
-    return {"connection_id": conn_id, "conn_type": "raytpu", "extra": json.dumps(extra)}
-
-
-def local_backend(deployment: AirflowDeployment) -> LocalBackend:
-    """The deployment's local backend, read from this process (to check what tasks left behind)."""
-    return LocalBackend(ConnectionSettings.from_extra(
-        "raytpu_default", {"backend": "local", "local_home": str(deployment.raytpu_home)}
-    ))
-
-
 @pytest.fixture(scope="session")
 def deployment(tmp_path_factory: pytest.TempPathFactory, fake_gcs: GcsStorage) -> Iterator[AirflowDeployment]:
     """Airflow's four components, healthy, with the DAGs parsed and ``raytpu_default`` saved."""

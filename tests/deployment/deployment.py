@@ -24,9 +24,11 @@ from pathlib import Path
 
 import httpx
 
+from airflow_provider_raytpu.backends.local import LocalBackend
 from airflow_provider_raytpu.backends.local.process import all_processes, kill_processes, tail
+from airflow_provider_raytpu.connection import ConnectionSettings
 from tests.deployment.rest import AirflowApi
-from tests.k8s.processes import Component, free_ports
+from tests.support.processes import Component, free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_GATE = Path(__file__).resolve().parent / "site"  # sitecustomize.py: cluster nodes wait for the test's gate
@@ -252,3 +254,20 @@ def _fernet_key() -> str:
     from cryptography.fernet import Fernet
 
     return Fernet.generate_key().decode()
+
+
+EXPECTED_DAGS = {"tpu_cluster_lifecycle", "nightly_finetune", "nightly_embeddings", "tpu_model_serving",
+                 "after_promotion", "raytpu_jobs", "raytpu_training", "raytpu_soak", "etl_daily", "etl.daily"}
+
+
+def local_connection(deployment: AirflowDeployment, conn_id: str = "raytpu_default") -> dict[str, str]:
+    """The body the connection form sends for a ``raytpu`` connection to the local backend."""
+    extra = {"backend": "local", "namespace": "default", "local_home": str(deployment.raytpu_home)}
+    return {"connection_id": conn_id, "conn_type": "raytpu", "extra": json.dumps(extra)}
+
+
+def local_backend(deployment: AirflowDeployment) -> LocalBackend:
+    """The deployment's local backend, read from this process (to check what tasks left behind)."""
+    return LocalBackend(ConnectionSettings.from_extra(
+        "raytpu_default", {"backend": "local", "local_home": str(deployment.raytpu_home)}
+    ))

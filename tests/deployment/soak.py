@@ -20,7 +20,7 @@ import httpx
 from airflow_provider_raytpu.manifests.raycluster import RUN_ID_KEY
 from tests.deployment.deployment import AirflowDeployment
 from tests.deployment.rest import AirflowApi
-from tests.fakekube.server import FakeKubeApiServer
+from tests.support.fake_apiserver.server import FakeKubeApiServer
 
 DAG_ID = "raytpu_soak"
 NAMESPACE = "soak"

@@ -5,8 +5,7 @@ asset has a new event, and reads the event's extras."""
 
 from __future__ import annotations
 
-from tests.deployment.conftest import local_backend
-from tests.deployment.deployment import AirflowDeployment
+from tests.deployment.deployment import AirflowDeployment, local_backend
 from tests.deployment.rest import AirflowApi
 
 DAG_ID = "tpu_cluster_lifecycle"
@@ -28,7 +27,7 @@ def test_unpausing_the_example_runs_it_once_on_the_smallest_slice(deployment: Ai
 
 
 def test_a_new_served_model_runs_after_promotion_which_reads_what_the_event_says(api: AirflowApi) -> None:
-    """The asset nightly_finetune's serving sensor marks (tests/local/test_demo.py checks the extras the
+    """The asset nightly_finetune's serving sensor marks (tests/ray/local_backend/test_demo.py checks the extras the
     demo's run puts there) schedules ``after_promotion``, whose task reads the event's extras: posted here
     through the REST API, as the scheduler receives any asset event."""
     api.unpause("after_promotion")

@@ -21,12 +21,11 @@ from airflow_provider_raytpu.backends.local.process import all_processes
 from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin, build_ray_cluster
 from airflow_provider_raytpu.status import Phase
 from airflow_provider_raytpu.tpu import TpuSlice
-from tests.deployment.conftest import local_backend
-from tests.deployment.deployment import AirflowDeployment
+from tests.deployment.deployment import AirflowDeployment, local_backend
 from tests.deployment.rest import AirflowApi
 from tests.deployment.soak import DAG_ID, NAMESPACE, Soak, violations
-from tests.fakekube.kuberay import KubeRayReactor
-from tests.fakekube.server import FakeKubeApiServer
+from tests.support.fake_apiserver.kuberay import KubeRayReactor
+from tests.support.fake_apiserver.server import FakeKubeApiServer
 
 SEED = int(os.environ.get("RAYTPU_SOAK_SEED") or time.time())
 RAY_CLUSTER = "soak-ray"

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.deployment.conftest import local_backend
-from tests.deployment.deployment import AirflowDeployment
+from tests.deployment.deployment import AirflowDeployment, local_backend
 from tests.deployment.rest import AirflowApi
 
 DAG_IDS = ("etl_daily", "etl.daily")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.deployment.rest import AirflowApi
-from tests.gcs import GcsStorage
+from tests.support.gcs import GcsStorage
 
 DAG_ID = "raytpu_training"
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 
 from airflow_provider_raytpu.get_provider_info import CONN_FIELDS
-from tests.deployment.conftest import EXPECTED_DAGS, local_connection
-from tests.deployment.deployment import AirflowDeployment
+from tests.deployment.deployment import EXPECTED_DAGS, AirflowDeployment, local_connection
 from tests.deployment.rest import AirflowApi
 
 

@@ -17,7 +17,7 @@ from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperato
 from airflow_provider_raytpu.operators.rayservice import DeployRayServiceOperator
 from airflow_provider_raytpu.status.cluster import read_slices
 from airflow_provider_raytpu.tpu import TpuSlice
-from tests.crd_schema import KUBERAY_VERSIONS, schema_errors
+from tests.support.crd_schema import KUBERAY_VERSIONS, schema_errors
 
 TPU_LABELS = {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "4x4"}
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raytpu.hooks import job_packages
-from airflow_provider_raytpu.hooks.job_packages import hash_walk, upload_local_packages, zip_walk
+from airflow_provider_raytpu.dashboard import job_packages
+from airflow_provider_raytpu.dashboard.job_packages import hash_walk, upload_local_packages, zip_walk
 
 ray_packaging = pytest.importorskip("ray._private.runtime_env.packaging")
 
@@ -79,7 +79,7 @@ class Dashboard:
         self.puts = 0
 
     def request(self, method: str, path: str, *, data: bytes | None = None, timeout: float = 60) -> object:
-        from airflow_provider_raytpu.backends.transport import HttpAnswer
+        from airflow_provider_raytpu.dashboard.transport import HttpAnswer
 
         name = path.removeprefix("/api/packages/gcs/")
         if method == "PUT":

@@ -1,7 +1,7 @@
 """The manifests this provider renders, field by field against KubeRay's own TPU samples.
 
 The samples are read from KubeRay's Go module at the control plane's tag (``make kuberay-samples``:
-``tests/k8s/build_binaries.sh --samples``; v1.6.2, whose TPU samples differ from v1.7.0's only in how
+``tests/controlplane/build_binaries.sh --samples``; v1.6.2, whose TPU samples differ from v1.7.0's only in how
 ``rayVersion`` is quoted). For each sample the same shape is rendered with the default options; what
 must agree is compared; every intended difference is listed in :data:`INTENDED` with why, and checked
 to be exactly that difference.
@@ -21,7 +21,7 @@ from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.manifests.rayservice import build_ray_service
 from airflow_provider_raytpu.tpu import GENERATIONS, TpuSlice
 
-BUILD = Path(__file__).resolve().parents[1] / "k8s" / "build_binaries.sh"
+BUILD = Path(__file__).resolve().parents[1] / "controlplane" / "build_binaries.sh"
 LABELS = {g.gke_accelerator: g.name for g in GENERATIONS.values()}
 CLUSTERS = ("ray-cluster.tpu-v4-singlehost.yaml", "ray-cluster.tpu-v4-multihost.yaml",
             "ray-cluster.tpu-v6e-singlehost.yaml", "ray-cluster.tpu-v6e-16-multihost.yaml",

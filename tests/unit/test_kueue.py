@@ -2,7 +2,7 @@
 
 The Workloads here have the fields and condition reasons of Kueue v0.17's v1beta2 API
 (``apis/kueue/v1beta2/workload_types.go``; the Inadmissible messages of
-``pkg/controller/core/workload_controller.go``); tests/k8s/test_kueue.py reads real ones.
+``pkg/controller/core/workload_controller.go``); tests/controlplane/test_kueue.py reads real ones.
 """
 
 from __future__ import annotations

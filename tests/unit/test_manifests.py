@@ -20,7 +20,7 @@ from airflow_provider_raytpu.manifests.raycluster import (
     tpu_slice_of,
 )
 from airflow_provider_raytpu.tpu import TpuSlice
-from tests.crd_schema import KUBERAY_VERSIONS, schema_errors
+from tests.support.crd_schema import KUBERAY_VERSIONS, schema_errors
 
 ORIGIN = AirflowOrigin("nightly_finetune", "scheduled__2026-12-01T00:00:00+00:00", "create_cluster")
 

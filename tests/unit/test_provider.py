@@ -11,7 +11,7 @@ import airflow
 import jsonschema
 import pytest
 
-from airflow_provider_raytpu.backends.settings import ConnectionSettings
+from airflow_provider_raytpu.connection import ConnectionSettings
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.get_provider_info import get_provider_info
 

@@ -34,7 +34,7 @@ from airflow_provider_raytpu.manifests.serveconfig import (
     parse_serve_config,
 )
 from airflow_provider_raytpu.tpu import TpuSlice
-from tests.crd_schema import KUBERAY_VERSIONS, schema_errors
+from tests.support.crd_schema import KUBERAY_VERSIONS, schema_errors
 
 V6E_4X4 = TpuSlice("v6e", "4x4")
 ORIGIN = AirflowOrigin("serve_chat", "manual__2026-12-01T00:00:00+00:00", "deploy")

@@ -82,3 +82,16 @@ def test_a_workload_never_imports_airflow(name: str) -> None:
     tuple(f"{ROOT}.{layer}" for layer in ("operators", "sensors", "triggers", "hooks")))])
 def test_a_task_module_imports_no_ray_or_cloud_client_at_module_scope(name: str) -> None:
     assert not _tops(imports(MODULES[name], module_scope_only=True)) & set(CLOUD_AND_RAY)
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith(f"{ROOT}.dashboard")
+                                  or n in (f"{ROOT}.connection", f"{ROOT}.loop_shared", f"{ROOT}.progress")])
+def test_the_dashboard_clients_and_shared_plumbing_import_no_airflow(name: str) -> None:
+    assert "airflow" not in _tops(imports(MODULES[name]))
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES
+                                  if not n.startswith((f"{ROOT}.workloads", f"{ROOT}.backends.local"))])
+def test_the_airflow_side_never_imports_ray(name: str) -> None:
+    """Ray runs on the cluster (and in the local backend's processes); Airflow speaks its REST APIs."""
+    assert not _tops(imports(MODULES[name])) & {"ray", "jax", "orbax"}

@@ -12,20 +12,20 @@ from typing import Any
 import pytest
 
 from airflow_provider_raytpu.backends.apply import wait_until_gone
-from airflow_provider_raytpu.backends.transport import DirectTransport
+from airflow_provider_raytpu.dashboard.job_log import JobLogFollower, closing_line, readable_lines, returned, strip_ansi
+from airflow_provider_raytpu.dashboard.transport import DirectTransport
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.hooks.job_log import JobLogFollower, closing_line, readable_lines, returned, strip_ansi
 from airflow_provider_raytpu.operators.jax_trainer import describe_step_times
 from airflow_provider_raytpu.operators.links import (
     dashboard_url,
     serve_application_url,
     storage_console_url,
 )
-from airflow_provider_raytpu.progress import Heartbeat, progress, with_heartbeat
+from airflow_provider_raytpu.progress import LogPace, progress, with_pace
 from airflow_provider_raytpu.status.plain import plain
 from airflow_provider_raytpu.workloads.steps import combine_step_times, percentile, profile_window
-from tests.airflow_runner import not_plain
-from tests.task_logs import problems, task_logs
+from tests.support.airflow_runner import not_plain
+from tests.support.task_logs import problems, task_logs
 
 COLOURED = "\x1b[36m(RayTrainWorker pid=812)\x1b[0m train_loop: step 5 loss 0.25 (checkpoint)"
 
@@ -85,9 +85,9 @@ def test_the_closing_line_names_job_status_time_and_result() -> None:
 
 # -- progress --------------------------------------------------------------------------------------
 
-def test_heartbeat_is_due_on_change_or_after_its_interval() -> None:
+def test_a_log_pace_is_due_on_change_or_after_its_interval() -> None:
     now = [0.0]
-    beat = Heartbeat(every=8, clock=lambda: now[0])
+    beat = LogPace(every=8, clock=lambda: now[0])
     assert beat.due("1 of 2 hosts")
     now[0] = 5
     assert not beat.due("1 of 2 hosts")
@@ -140,7 +140,7 @@ def test_a_teardown_ends_with_how_long_the_whole_deletion_took() -> None:
     assert log.lines == ["RayCluster ml/train and its pods are gone after 17 s"]
 
 
-async def test_with_heartbeat_wakes_a_quiet_watch_without_losing_its_next_item() -> None:
+async def test_with_pace_wakes_a_quiet_watch_without_losing_its_next_item() -> None:
     release = asyncio.Event()
 
     async def watch() -> AsyncIterator[str]:
@@ -149,7 +149,7 @@ async def test_with_heartbeat_wakes_a_quiet_watch_without_losing_its_next_item()
         yield "ready"
 
     seen: list[str | None] = []
-    async for item in with_heartbeat(watch(), Heartbeat(every=0.01)):
+    async for item in with_pace(watch(), LogPace(every=0.01)):
         seen.append(item)
         if item is None:
             release.set()
@@ -273,7 +273,7 @@ def test_the_log_reader_finds_each_task_by_its_task_instance_without_the_dag_tes
 def test_secret_arguments_show_their_keys_only_wherever_the_command_is_repeated() -> None:
     import shlex
 
-    from airflow_provider_raytpu.hooks.job_log import job_message, mask_secret_arguments
+    from airflow_provider_raytpu.dashboard.job_log import job_message, mask_secret_arguments
 
     secret = "hunter2-4a5b6c'quoted"
     command = shlex.join(["python", "-m", "w", "--config", json.dumps({"wandb_api_key": secret, "lr": 0.1}),

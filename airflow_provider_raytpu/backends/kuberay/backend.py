@@ -27,7 +27,7 @@ from airflow_provider_raytpu.backends.base import ApplyResult, ClusterBackend
 from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
 from airflow_provider_raytpu.backends.kuberay.connection_check import missing_verbs_line, tpu_webhook_line
 from airflow_provider_raytpu.backends.kuberay.crd import RayClusterCrd, read_raycluster_crd
-from airflow_provider_raytpu.backends.kuberay.diagnosis import cluster_pods, diagnose_cluster
+from airflow_provider_raytpu.backends.kuberay.diagnosis import cluster_pods, diagnose_on_kubernetes
 from airflow_provider_raytpu.backends.kuberay.informer import informer
 from airflow_provider_raytpu.backends.kuberay.kueue import akueue_record, kueue_record
 from airflow_provider_raytpu.backends.kuberay.objects import RAY_CLUSTERS, CustomObjects
@@ -35,7 +35,7 @@ from airflow_provider_raytpu.backends.kuberay.pods import pod_reader
 from airflow_provider_raytpu.backends.kuberay.ray_token import RayTokenTransport, add_token_auth
 from airflow_provider_raytpu.backends.kuberay.services import KubeRayServices
 from airflow_provider_raytpu.backends.kuberay.transport import reach
-from airflow_provider_raytpu.backends.ray_state import aconfirm, confirm
+from airflow_provider_raytpu.dashboard.nodes import aconfirm, confirm
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.manifests.raycluster import DASHBOARD_PORT, MANAGED_BY, MANAGED_BY_LABEL
 from airflow_provider_raytpu.status import ClusterStatus, Phase, read_ray_cluster
@@ -43,8 +43,8 @@ from airflow_provider_raytpu.status.kueue import held_in
 from airflow_provider_raytpu.status.tpu_webhook import check_tpu_webhook
 
 if TYPE_CHECKING:
-    from airflow_provider_raytpu.backends.settings import ConnectionSettings
-    from airflow_provider_raytpu.backends.transport import HttpTransport
+    from airflow_provider_raytpu.connection import ConnectionSettings
+    from airflow_provider_raytpu.dashboard.transport import HttpTransport
 
 log = logging.getLogger(__name__)
 
@@ -156,11 +156,11 @@ class KubeRayBackend(ClusterBackend):
             return status
         return confirm(check_tpu_webhook(status, cluster, pods), pods, self.dashboard(name, namespace))
 
-    def diagnose(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
+    def diagnose_cluster(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
         cluster = self.get_cluster(name, namespace)
         if not confirm_with_ray:
-            return diagnose_cluster(self.clients, cluster)
-        return diagnose_cluster(self.clients, cluster, lambda status, pods: confirm(
+            return diagnose_on_kubernetes(self.clients, cluster)
+        return diagnose_on_kubernetes(self.clients, cluster, lambda status, pods: confirm(
             check_tpu_webhook(status, cluster, pods), pods, self.dashboard(name, namespace)))
 
     def dashboard(self, name: str, namespace: str) -> HttpTransport:
@@ -220,8 +220,8 @@ class KubeRayBackend(ClusterBackend):
                 with contextlib.suppress(TimeoutError):
                     cluster = await asyncio.wait_for(subscription.next(), poll_interval)
 
-    async def adiagnose(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
-        return await asyncio.to_thread(functools.partial(self.diagnose, confirm_with_ray=confirm_with_ray),
+    async def adiagnose_cluster(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
+        return await asyncio.to_thread(functools.partial(self.diagnose_cluster, confirm_with_ray=confirm_with_ray),
                                        name, namespace)
 
     def close(self) -> None:

@@ -22,12 +22,12 @@ from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHo
 from kubernetes import client as k8s
 
 from airflow_provider_raytpu.backends.kuberay.shared_client import SharedApiClient
-from airflow_provider_raytpu.backends.loop_shared import loop_shared
+from airflow_provider_raytpu.loop_shared import loop_shared
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s_async
 
-    from airflow_provider_raytpu.backends.settings import ConnectionSettings
+    from airflow_provider_raytpu.connection import ConnectionSettings
 
 
 def _rest_gke_hook(settings: ConnectionSettings) -> Any:

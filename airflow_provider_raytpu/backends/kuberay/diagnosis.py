@@ -42,8 +42,8 @@ def cluster_pods(clients: KubeClients, name: str, namespace: str) -> list[dict[s
     return _list_core(clients.core.list_namespaced_pod, namespace, label_selector=f"{CLUSTER_LABEL}={name}")
 
 
-def diagnose_cluster(clients: KubeClients, cluster: dict[str, Any] | None,
-                     judge: Judge = lambda status, pods: status) -> str:
+def diagnose_on_kubernetes(clients: KubeClients, cluster: dict[str, Any] | None,
+                              judge: Judge = lambda status, pods: status) -> str:
     """Why a RayCluster is not ready: whether Kueue holds it (queued: for which ClusterQueue and why) or admitted
     it, which hosts are missing, what the pods' events say holds them (unschedulable: why), and (``judge``) what
     else its status lacks, e.g. the TPU hosts Ray does not list."""

@@ -33,7 +33,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from airflow_provider_raytpu.backends.kuberay.objects import GROUP, VERSION, api_retry, explain_api_error
 from airflow_provider_raytpu.backends.kuberay.watch import collection_path, get_json, list_pages, slim, watch_events
-from airflow_provider_raytpu.backends.loop_shared import loop_shared
+from airflow_provider_raytpu.loop_shared import loop_shared
 
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.kuberay.objects import CustomObjects

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from airflow_provider_raytpu.backends.kuberay.watch import collection_path, list_pages
-from airflow_provider_raytpu.backends.loop_shared import loop_shared
+from airflow_provider_raytpu.loop_shared import loop_shared
 from airflow_provider_raytpu.status.ray_nodes import container_chips
 from airflow_provider_raytpu.tpu import TPU_RESOURCE
 

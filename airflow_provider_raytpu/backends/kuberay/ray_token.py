@@ -24,7 +24,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiException
 
 from airflow_provider_raytpu.backends.kuberay.objects import is_transient
-from airflow_provider_raytpu.backends.transport import HttpAnswer, HttpTransport
+from airflow_provider_raytpu.dashboard.transport import HttpAnswer, HttpTransport
 from airflow_provider_raytpu.errors import FatalError
 
 if TYPE_CHECKING:

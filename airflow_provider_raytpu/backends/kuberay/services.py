@@ -14,7 +14,7 @@ from airflow_provider_raytpu.backends.base import ApplyResult, ServiceBackend
 from airflow_provider_raytpu.backends.kuberay.informer import informer
 from airflow_provider_raytpu.backends.kuberay.objects import RAY_SERVICES, CustomObjects
 from airflow_provider_raytpu.backends.kuberay.transport import reach
-from airflow_provider_raytpu.backends.serve_api import aserve_details, serve_details
+from airflow_provider_raytpu.dashboard.serve import aserve_details, serve_details
 from airflow_provider_raytpu.manifests.raycluster import SERVE_PORT
 from airflow_provider_raytpu.manifests.rayservice import (
     IN_PLACE,
@@ -28,7 +28,7 @@ from airflow_provider_raytpu.status import ServiceStatus, diagnose_ray_service, 
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.base import ClusterBackend
     from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
-    from airflow_provider_raytpu.backends.transport import HttpTransport
+    from airflow_provider_raytpu.dashboard.transport import HttpTransport
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class KubeRayServices(ServiceBackend):
             status,
             waited=waited,
             serve_applications=self.serve_applications(target, namespace) if target else None,
-            cluster_diagnosis=self.clusters.diagnose(target, namespace) if target else "",
+            cluster_diagnosis=self.clusters.diagnose_cluster(target, namespace) if target else "",
             config_problems=service_config_problems(service),
         )
 

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.client.rest import ApiException
 from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiException
 
-from airflow_provider_raytpu.backends.transport import DirectTransport, HttpAnswer, HttpTransport
+from airflow_provider_raytpu.dashboard.transport import DirectTransport, HttpAnswer, HttpTransport
 
 if TYPE_CHECKING:
     import aiohttp
     from kubernetes_asyncio import client as k8s_async
 
     from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
-    from airflow_provider_raytpu.backends.settings import ConnectionSettings
+    from airflow_provider_raytpu.connection import ConnectionSettings
 
 
 def _bytes(body: Any) -> bytes:

@@ -61,9 +61,9 @@ from airflow_provider_raytpu.backends.local.state import (
     stored_form,
 )
 from airflow_provider_raytpu.backends.local.status import synthesise_status
-from airflow_provider_raytpu.backends.ray_state import confirm
-from airflow_provider_raytpu.backends.settings import ConnectionSettings
-from airflow_provider_raytpu.backends.transport import DirectTransport, HttpTransport
+from airflow_provider_raytpu.connection import ConnectionSettings
+from airflow_provider_raytpu.dashboard.nodes import confirm
+from airflow_provider_raytpu.dashboard.transport import DirectTransport, HttpTransport
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.status import (
     RAY_UNCONFIRMED,
@@ -280,7 +280,7 @@ class LocalBackend(ClusterBackend):
         status = read_ray_cluster(cluster, pods)
         return confirm(status, pods, self.dashboard(name, namespace)) if confirm_with_ray else status
 
-    def diagnose(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
+    def diagnose_cluster(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
         stored = self._read(name, namespace)
         if stored is None:
             return read_ray_cluster(None).message
@@ -350,6 +350,6 @@ class LocalBackend(ClusterBackend):
                     yield status
             await asyncio.sleep(interval)
 
-    async def adiagnose(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
-        return await asyncio.to_thread(functools.partial(self.diagnose, confirm_with_ray=confirm_with_ray),
+    async def adiagnose_cluster(self, name: str, namespace: str, *, confirm_with_ray: bool = False) -> str:
+        return await asyncio.to_thread(functools.partial(self.diagnose_cluster, confirm_with_ray=confirm_with_ray),
                                        name, namespace)

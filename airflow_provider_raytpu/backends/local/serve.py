@@ -46,8 +46,8 @@ from airflow_provider_raytpu.backends.local.serve_sync import (
     sync_serve_config,
 )
 from airflow_provider_raytpu.backends.local.state import service_dir, services_dir, stored_form
-from airflow_provider_raytpu.backends.serve_api import serve_details
-from airflow_provider_raytpu.backends.transport import DirectTransport, HttpTransport
+from airflow_provider_raytpu.dashboard.serve import serve_details
+from airflow_provider_raytpu.dashboard.transport import DirectTransport, HttpTransport
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.manifests.rayservice import ray_cluster_of, service_config_problems
 from airflow_provider_raytpu.manifests.serveconfig import parse_serve_config
@@ -280,7 +280,7 @@ class LocalServices(ServiceBackend):
             status,
             waited=waited,
             serve_applications=applications,
-            cluster_diagnosis=self.clusters.diagnose(local_cluster_name(name), namespace),
+            cluster_diagnosis=self.clusters.diagnose_cluster(local_cluster_name(name), namespace),
             config_problems=service_config_problems(service),
         )
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from airflow_provider_raytpu.backends.local.process import file_lock, read_json, write_json_atomic
 from airflow_provider_raytpu.backends.local.state import SERVICES_DIR, home_of
-from airflow_provider_raytpu.backends.serve_api import SERVE_APPLICATIONS_ENDPOINT, serve_details
-from airflow_provider_raytpu.backends.transport import HttpTransport
+from airflow_provider_raytpu.dashboard.serve import SERVE_APPLICATIONS_ENDPOINT, serve_details
+from airflow_provider_raytpu.dashboard.transport import HttpTransport
 from airflow_provider_raytpu.manifests.raycluster import ORIGINATED_FROM_LABEL
 from airflow_provider_raytpu.manifests.serveconfig import parse_serve_config
 

@@ -33,7 +33,7 @@ from airflow_provider_raytpu.errors import FatalError, InvalidInputError
 from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, resource_name
 
 if TYPE_CHECKING:
-    from airflow_provider_raytpu.backends.settings import ConnectionSettings
+    from airflow_provider_raytpu.connection import ConnectionSettings
 
 STATE_VERSION = 1
 MANIFEST_FILE = "manifest.json"

@@ -76,7 +76,7 @@ from airflow_provider_raytpu.backends.local.state import (
     STATE_VERSION,
     SUPERVISOR_FILE,
 )
-from airflow_provider_raytpu.backends.transport import DirectTransport
+from airflow_provider_raytpu.dashboard.transport import DirectTransport
 from airflow_provider_raytpu.manifests.raycluster import EXPIRES_AT_ANNOTATION, parse_expiry
 from airflow_provider_raytpu.values import plural
 

@@ -1,0 +1,1 @@
+"""Tests of the fake Kubernetes API server and fake KubeRay operator themselves."""

@@ -1,0 +1,1 @@
+"""What the test tiers share: fakes and stubs of what cannot run here, helpers, constants."""
