@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any, Protocol
 
-from airflow_provider_raytpu.backends.base import Applied, ApplyResult
+from airflow_provider_raytpu.backends.base import Applied, ApplyResult, ChangedSinceChecked, Precondition
 from airflow_provider_raytpu.errors import ConflictError, FatalError
 from airflow_provider_raytpu.manifests.raycluster import (
     ALSO_ADOPTS_ANNOTATION,
@@ -78,8 +78,9 @@ class ObjectStore(Protocol):
         Needed only with :attr:`OnChange.REPLACE`."""
         raise TypeError(f"{type(self).__name__} does not replace objects: apply it with another OnChange")
 
-    def delete(self, name: str, namespace: str) -> bool:
-        """Delete the object; ``False`` when it was already gone. Needed only with :attr:`OnChange.RECREATE`."""
+    def delete(self, name: str, namespace: str, precondition: Precondition | None = None) -> bool:
+        """Delete the object if it is the checked one (:class:`ChangedSinceChecked` if not); ``False`` when it
+        was already gone. Needed only with :attr:`OnChange.RECREATE`."""
         raise TypeError(f"{type(self).__name__} does not delete objects: apply it with another OnChange")
 
 
@@ -196,6 +197,18 @@ def foreign_error(existing: dict[str, Any], manifest: dict[str, Any]) -> Conflic
     )
 
 
+def check_owner(existing: dict[str, Any], manifest: dict[str, Any], owner: Sequence[str]) -> None:
+    """Refuse to act on ``existing`` unless this provider made it for the owner ``manifest`` records.
+
+    :param owner: the owner annotations that must be equal (:data:`CLUSTER_OWNER`, :data:`SERVICE_OWNER`).
+    :raises ConflictError: another owner's object, or one this provider did not make.
+    """
+    if not is_managed(existing):
+        raise foreign_error(existing, manifest)
+    if owner_of(existing, owner) != owner_of(manifest, owner):
+        raise owner_error(existing, manifest)
+
+
 def replacement(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
     """``manifest`` as a replacement of ``existing``: the stored metadata (uid, resourceVersion, ...) with
     the manifest's labels and annotations merged over the stored ones."""
@@ -217,7 +230,8 @@ def apply_object(store: ObjectStore, manifest: dict[str, Any], *,
     """Create the object, adopt our own same one, or change our own different one if allowed.
 
     :param store: where objects of the manifest's kind live.
-    :param manifest: the rendered object (with this provider's labels, owner and spec-hash annotations).
+    :param manifest: the rendered object (with this provider's labels, owner and spec-hash annotations); one
+        made from a stored object carries its ``metadata.uid`` and changes only that object.
     :param same: whether a stored object is the one ``manifest`` renders (then nothing is written).
     :param owner: the owner annotations that must be equal on the stored object and the manifest
         (:data:`CLUSTER_OWNER`, :data:`SERVICE_OWNER`).
@@ -227,6 +241,7 @@ def apply_object(store: ObjectStore, manifest: dict[str, Any], *,
     :param poll_interval: seconds between reads while waiting for that.
     :raises ConflictError: a same-named object this provider did not make, or another owner made,
         or a different one of our own with ``on_change`` :attr:`OnChange.FAIL`.
+    :raises ChangedSinceChecked: the object a manifest with a uid was made from is gone or replaced.
     """
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
     kind = manifest.get("kind", "object")
@@ -237,6 +252,9 @@ def apply_object(store: ObjectStore, manifest: dict[str, Any], *,
             log.info("%s %s/%s is being deleted; waiting until it is gone to create it again", kind, namespace, name)
             wait_until_gone(kind, name, namespace, store.get, gone_timeout, poll_interval)
             existing = None
+        if (checked := manifest["metadata"].get("uid")) and (existing or {}).get("metadata", {}).get("uid") != checked:
+            # A manifest made from a stored object (a rollback) changes only that object, never a successor.
+            raise ChangedSinceChecked(kind, name, namespace, f"made from uid {checked}", "not changed")
         if existing is None:
             try:
                 return ApplyResult(action, store.create(manifest))
@@ -244,10 +262,7 @@ def apply_object(store: ObjectStore, manifest: dict[str, Any], *,
                 log.info("%s %s/%s exists already (an earlier create whose answer was lost?); reading it",
                          kind, namespace, name)
                 continue
-        if not is_managed(existing):
-            raise foreign_error(existing, manifest)
-        if owner_of(existing, owner) != owner_of(manifest, owner):
-            raise owner_error(existing, manifest)
+        check_owner(existing, manifest, owner)
         if same(existing, manifest):
             return ApplyResult(Applied.ADOPTED, existing)
         if on_change is OnChange.FAIL:
@@ -258,7 +273,11 @@ def apply_object(store: ObjectStore, manifest: dict[str, Any], *,
             log.info("%s %s/%s has another spec (hash %s, wanted %s): deleting it, waiting until it is gone, "
                      "creating it again", kind, namespace, name, annotations_of(existing).get(SPEC_HASH_ANNOTATION),
                      annotations_of(manifest)[SPEC_HASH_ANNOTATION])
-            store.delete(name, namespace)
+            try:
+                store.delete(name, namespace, Precondition.of(existing))
+            except ChangedSinceChecked as exc:
+                log.info("%s; reading it again", exc)  # replaced since the owner check: check the new one
+                continue
             wait_until_gone(kind, name, namespace, store.get, gone_timeout, poll_interval)
             action = Applied.RECREATED
             continue

@@ -35,6 +35,54 @@ class ApplyResult:
     cluster: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Precondition:
+    """What a delete may act on: the object whose owner was checked, never a same-named one made since.
+
+    Kubernetes' ``DeleteOptions.preconditions``: the API server deletes only the object with this uid
+    (and, when given, this resourceVersion) and answers 409 Conflict otherwise; the local backend checks
+    the same under its cluster lock.
+
+    :param uid: the checked object's ``metadata.uid``.
+    :param resource_version: its ``metadata.resourceVersion``, where the decision read more than its owner
+        (an expiry that a retry may renew): any change since means deciding again.
+    """
+
+    uid: str
+    resource_version: str | None = None
+
+    @classmethod
+    def of(cls, obj: dict[str, Any], *, exact: bool = False) -> Precondition:
+        """The precondition for acting on ``obj`` as read; ``exact``: on this very version of it."""
+        metadata = obj["metadata"]
+        return cls(metadata["uid"], str(metadata["resourceVersion"]) if exact else None)
+
+    def unmet(self, stored: dict[str, Any]) -> str | None:
+        """Why ``stored`` is not the checked object (``None`` when it is)."""
+        metadata = stored.get("metadata") or {}
+        if metadata.get("uid") != self.uid:
+            return f"uid {metadata.get('uid')}, checked {self.uid}"
+        if self.resource_version is not None and str(metadata.get("resourceVersion")) != self.resource_version:
+            return f"resourceVersion {metadata.get('resourceVersion')}, checked {self.resource_version}"
+        return None
+
+
+class ChangedSinceChecked(Exception):
+    """A delete's :class:`Precondition` failed: the object was replaced or changed after its owner was checked,
+    so it was not deleted. Never retried into a delete of the new object: whoever acts decides again.
+
+    :param kind: ``RayCluster`` or ``RayService``.
+    :param name: its name.
+    :param namespace: its namespace.
+    :param detail: what differs (the API server's message).
+    :param not_done: what was not done, e.g. ``not deleted``.
+    """
+
+    def __init__(self, kind: str, name: str, namespace: str, detail: str, not_done: str = "not deleted") -> None:
+        self.kind, self.name, self.namespace = kind, name, namespace
+        super().__init__(f"{kind} {namespace}/{name} changed since it was checked: {not_done} ({detail})")
+
+
 class ServiceBackend(abc.ABC):
     """A place where RayServices live: a TPU RayCluster config plus a Ray Serve config.
 
@@ -59,8 +107,13 @@ class ServiceBackend(abc.ABC):
         """The RayService with its status, or ``None`` when it does not exist."""
 
     @abc.abstractmethod
-    def delete_service(self, name: str, namespace: str) -> bool:
-        """Delete the RayService and its clusters; ``False`` when it was already gone."""
+    def delete_service(self, name: str, namespace: str, precondition: Precondition | None = None) -> bool:
+        """Delete the RayService and its clusters; ``False`` when it was already gone.
+
+        :param precondition: delete only the object whose owner was checked (every task passes one;
+            ``None`` deletes whatever has the name).
+        :raises ChangedSinceChecked: the stored object is not the checked one; nothing was deleted.
+        """
 
     @abc.abstractmethod
     def list_services(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
@@ -141,8 +194,13 @@ class ClusterBackend(abc.ABC):
         """The RayCluster, or ``None`` when it does not exist."""
 
     @abc.abstractmethod
-    def delete_cluster(self, name: str, namespace: str) -> bool:
-        """Delete the RayCluster; ``False`` when it was already gone."""
+    def delete_cluster(self, name: str, namespace: str, precondition: Precondition | None = None) -> bool:
+        """Delete the RayCluster; ``False`` when it was already gone.
+
+        :param precondition: delete only the object whose owner was checked (every task passes one;
+            ``None`` deletes whatever has the name).
+        :raises ChangedSinceChecked: the stored object is not the checked one; nothing was deleted.
+        """
 
     @abc.abstractmethod
     def annotate_cluster(self, name: str, namespace: str, annotations: dict[str, str]) -> None:

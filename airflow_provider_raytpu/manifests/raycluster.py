@@ -85,6 +85,13 @@ class AirflowOrigin:
         mapped = f", map index {self.map_index}" if self.map_index >= 0 else ""
         return f"DAG {self.dag_id!r}, run {self.run_id!r}, task {self.task_id!r}{mapped}"
 
+    def annotations(self) -> dict[str, str]:
+        """The owner annotations an object this task makes carries."""
+        notes = {DAG_ID_KEY: self.dag_id, TASK_ID_KEY: self.task_id, RUN_ID_KEY: self.run_id}
+        if self.map_index >= 0:
+            notes[MAP_INDEX_KEY] = str(self.map_index)
+        return notes
+
 
 def spec_hash(spec: Mapping[str, Any]) -> str:
     """A stable hash of a rendered spec (server-side defaults make raw comparison useless)."""
@@ -279,9 +286,7 @@ def owned_resource(
     if origin:
         labels.update({DAG_ID_KEY: label_value(origin.dag_id), TASK_ID_KEY: label_value(origin.task_id),
                        RUN_ID_KEY: label_value(origin.run_id)})
-        annotations.update({DAG_ID_KEY: origin.dag_id, TASK_ID_KEY: origin.task_id, RUN_ID_KEY: origin.run_id})
-        if origin.map_index >= 0:
-            annotations[MAP_INDEX_KEY] = str(origin.map_index)
+        annotations.update(origin.annotations())
     if expires_at:
         annotations[EXPIRES_AT_ANNOTATION] = format_expiry(expires_at)
     annotations[SPEC_HASH_ANNOTATION] = spec_hash(spec)

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_raytpu.backends.apply import wait_until_gone
+from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER, check_owner, wait_until_gone
+from airflow_provider_raytpu.backends.base import ChangedSinceChecked, Precondition
 from airflow_provider_raytpu.capacity import Capacity, parse_capacities
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.raycluster import CAPACITY_TRIED_ANNOTATION, tpu_slice_of
-from airflow_provider_raytpu.operators.base import ClusterTaskMixin
+from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast, origin_of
 from airflow_provider_raytpu.status.conditions import parse_time
 from airflow_provider_raytpu.triggers.raycluster import RayClusterReadyTrigger
 from airflow_provider_raytpu.values import parse_duration
@@ -111,6 +112,10 @@ class CapacityFallbackMixin(ClusterTaskMixin):
         cluster = self.backend.get_cluster(name, namespace)
         if event["status"] in ("UNREACHABLE", "GONE") or cluster is None:  # a retry goes on from the cluster's kind
             raise AirflowException(event.get("message") or f"RayCluster {namespace}/{name} is gone")
+        mine = {"kind": "RayCluster",
+                "metadata": {"name": name, "namespace": namespace, "annotations": origin_of(context).annotations()}}
+        with fail_fast():  # replaced by another DAG's while this task was deferred: never delete theirs
+            check_owner(cluster, mine, CLUSTER_OWNER)
         kinds = parse_capacities(self.capacity)
         index, tried = resume_at(cluster, kinds)
         kind, waited = kinds[index], age_of(cluster)
@@ -125,7 +130,10 @@ class CapacityFallbackMixin(ClusterTaskMixin):
         self.log.warning("RayCluster %s/%s: %s has %s; deleting it to make it on %s.\n%s", namespace, name,
                          kind.describe(), placed, following.describe(), event.get("diagnosis", ""))
         backend, since = self.backend, time.monotonic()
-        backend.delete_cluster(name, namespace)
+        try:
+            backend.delete_cluster(name, namespace, Precondition.of(cluster))
+        except ChangedSinceChecked as exc:  # a retry reads the cluster that is there now and checks it again
+            raise AirflowException(f"{exc}; a retry of this task checks it again") from None
         wait_until_gone("RayCluster", name, namespace, backend.get_cluster, log=self.log,
                         pods_left=lambda: [p["metadata"]["name"] for p in backend.cluster_pods(name, namespace)],
                         deleting_since=since)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import BaseOperator
 
 from airflow_provider_raytpu.backends.apply import describe_owner, is_managed, owner_of, wait_until_gone
+from airflow_provider_raytpu.backends.base import ChangedSinceChecked, Precondition
 from airflow_provider_raytpu.manifests.names import label_value
 from airflow_provider_raytpu.manifests.raycluster import (
     DAG_ID_KEY,
@@ -44,6 +45,10 @@ from airflow_provider_raytpu.progress import progress
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+
+#: What deleting one checked object did.
+DELETED, GONE, CHANGED = "deleted", "was already gone", "changed"
 
 
 class DeleteOwnedOperator(TeardownWhateverHappenedMixin, ClusterTaskMixin, BaseOperator):
@@ -94,7 +99,7 @@ class DeleteOwnedOperator(TeardownWhateverHappenedMixin, ClusterTaskMixin, BaseO
     def get_object(self, name: str, namespace: str) -> dict[str, Any] | None:
         raise NotImplementedError
 
-    def delete_object(self, name: str, namespace: str) -> bool:
+    def delete_object(self, name: str, namespace: str, precondition: Precondition) -> bool:
         raise NotImplementedError
 
     def list_objects(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
@@ -130,50 +135,68 @@ class DeleteOwnedOperator(TeardownWhateverHappenedMixin, ClusterTaskMixin, BaseO
         return is_managed(obj) and all(recorded[key] == value for key, value in wanted.items()) and (
             not tasks or recorded.get(TASK_ID_KEY) in tasks)
 
-    def owned(self, context: Context, namespace: str) -> list[str]:
-        """The names of the objects in ``namespace`` the creating tasks of this DAG (run) made."""
+    def owned(self, context: Context, namespace: str) -> dict[str, Precondition | None]:
+        """The objects in ``namespace`` the creating tasks of this DAG (run) made, by name, as checked."""
         wanted = self.wanted_owner(context)
         selector = [f"{MANAGED_BY_LABEL}={MANAGED_BY}", *self.other_selectors]
         selector += [f"{key}={label_value(value)}" for key, value in wanted.items() if key != MAP_INDEX_KEY]
         tasks = self.creating_tasks()
-        found = [obj["metadata"]["name"] for obj in self.list_objects(namespace, ",".join(selector))
-                 if self.made_here(obj, wanted, tasks)]
+        found: dict[str, Precondition | None] = {
+            obj["metadata"]["name"]: Precondition.of(obj) for obj in self.list_objects(namespace, ",".join(selector))
+            if self.made_here(obj, wanted, tasks)}
         where = f"made by task(s) {', '.join(tasks)}" if tasks else "made by any task"
         scope = "this DAG run" if RUN_ID_KEY in self.owner_keys else "this DAG"
         self.log.info("No %s name given: %d %s(s) of %s %s in namespace %s: %s", self.kind, len(found), self.kind,
                       scope, where, namespace, ", ".join(found) or "none")
         return found
 
-    def named(self, context: Context, target: str, namespace: str) -> list[str]:
-        """``[target]`` when this DAG (run)'s creating tasks made it, or ``force``; else ``[]`` with a warning."""
+    def named(self, context: Context, target: str, namespace: str) -> dict[str, Precondition | None]:
+        """``target`` as checked (``None``: it is gone) when this DAG (run)'s creating tasks made it, or ``force``;
+        else nothing, with a warning."""
         obj = self.get_object(target, namespace)
         tasks = self.creating_tasks()
         if obj is None or self.force or self.made_here(obj, self.wanted_owner(context), tasks):
-            return [target]
+            return {target: Precondition.of(obj) if obj is not None else None}
         owner = describe_owner(obj) if is_managed(obj) else "no task of this provider (it has no managed-by label)"
         scope = "this DAG run" if RUN_ID_KEY in self.owner_keys else "this DAG"
         made_by = f"task(s) {', '.join(tasks)} of {scope}" if tasks else f"a task of {scope}"
         self.log.warning(
             "Not deleting %s %s/%s: it belongs to %s, not to %s. It may still be in use; pass force=True to "
             "delete it anyway", self.kind, namespace, target, owner, made_by)
-        return []
+        return {}
+
+    def delete_checked(self, target: str, namespace: str, precondition: Precondition | None) -> str:
+        """Delete the object as it was checked (``None``: it was gone then): ``deleted``, ``was already gone``,
+        or ``changed`` with a warning when it is not the checked object any more (nothing is deleted)."""
+        if precondition is None:
+            return GONE
+        detail = self.deletion_detail
+        try:
+            with progress(self.log, f"Deleting {self.kind} {namespace}/{target}{self.deletes_also}",
+                          partial(detail, target, namespace) if detail is not None else None):
+                return DELETED if self.delete_object(target, namespace, precondition) else GONE
+        except ChangedSinceChecked as exc:
+            self.log.warning("%s. It was replaced or changed after its owner was checked, so it is left alone: "
+                             "check who made it before deleting it", exc)
+            return CHANGED
 
     def execute(self, context: Context) -> dict[str, Any]:
         with fail_fast():
             namespace = self.resolved_namespace()
             name = self.resolved_name() if getattr(self, self.reference_name) else None
-            names = self.named(context, name, namespace) if name else self.owned(context, namespace)
-            skipped = [name] if name and not names else []
+            checked = self.named(context, name, namespace) if name else self.owned(context, namespace)
+            skipped = [name] if name and not checked else []
             deleted: dict[str, float] = {}  # name: when its delete began
-            detail = self.deletion_detail
-            for target in names:
+            for target, precondition in checked.items():
                 since = time.monotonic()
-                with progress(self.log, f"Deleting {self.kind} {namespace}/{target}{self.deletes_also}",
-                              partial(detail, target, namespace) if detail is not None else None):
-                    if self.delete_object(target, namespace):
-                        deleted[target] = since
-                self.log.info("%s %s/%s %s", self.kind, namespace, target,
-                              "deleted" if target in deleted else "was already gone")
+                outcome = self.delete_checked(target, namespace, precondition)
+                if outcome == CHANGED:
+                    skipped.append(target)
+                    continue
+                if outcome == DELETED:
+                    deleted[target] = since
+                self.log.info("%s %s/%s %s", self.kind, namespace, target, outcome)
+            names = [target for target in checked if target not in skipped]
             if self.wait_for_deletion:
                 pods_left = self.pods_left
                 for target, since in deleted.items():

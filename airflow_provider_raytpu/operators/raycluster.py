@@ -9,18 +9,15 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER
-from airflow_provider_raytpu.backends.base import Applied
+from airflow_provider_raytpu.backends.base import Applied, ChangedSinceChecked, Precondition
 from airflow_provider_raytpu.capacity import Capacity, parse_capacities
-from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, RayJobsHook
 from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, check_queue_name, owned_name
 from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
 from airflow_provider_raytpu.manifests.raycluster import (
-    DAG_ID_KEY,
     EXPIRES_AT_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     ORIGINATED_FROM_LABEL,
-    RUN_ID_KEY,
     build_ray_cluster,
     parse_expiry,
     tpu_slice_of,
@@ -40,7 +37,7 @@ from airflow_provider_raytpu.operators.capacity_fallback import (
     resume_at,
 )
 from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
-from airflow_provider_raytpu.operators.expiry import lifetime_on, parse_lifetime, renew_expiry
+from airflow_provider_raytpu.operators.expiry import kept_because, lifetime_on, parse_lifetime, renew_expiry
 from airflow_provider_raytpu.operators.links import RayDashboardLink, push_dashboard_link
 from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice, check_offered
 from airflow_provider_raytpu.status import ClusterStatus
@@ -50,10 +47,6 @@ from airflow_provider_raytpu.values import check_prices, parse_bool
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-#: Seconds the sweep of expired clusters tries to list a cluster's Ray jobs.
-JOB_CHECK_GRACE_SECONDS = 5.0
-
 
 def default_cluster_name(context: Context) -> str:
     """One cluster per DAG run and create task: the DAG and task ids, and a hash of DAG id, run id,
@@ -285,10 +278,15 @@ class DeleteRayClusterOperator(DeleteOwnedOperator):
     def get_object(self, name: str, namespace: str) -> dict[str, Any] | None:
         return self.backend.get_cluster(name, namespace)
 
-    def delete_object(self, name: str, namespace: str) -> bool:
-        if (cluster := self.backend.get_cluster(name, namespace)) is not None:  # as last seen, for its usage
+    def delete_object(self, name: str, namespace: str, precondition: Precondition) -> bool:
+        cluster = self.backend.get_cluster(name, namespace)
+        if cluster is not None and precondition.unmet(cluster) is None:  # as last seen, for its usage
             self.last_seen[name] = (cluster, self.backend.cluster_pods(name, namespace))
-        return self.backend.delete_cluster(name, namespace)
+        try:
+            return self.backend.delete_cluster(name, namespace, precondition)
+        except ChangedSinceChecked:
+            self.last_seen.pop(name, None)  # not deleted here: its usage is not this teardown's to report
+            raise
 
     def list_objects(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return self.backend.list_clusters(namespace, label_selector)
@@ -349,34 +347,23 @@ class DeleteExpiredRayClustersOperator(ClusterTaskMixin, BaseOperator):
                     self.log.warning("RayCluster %s: its %s annotation %r is not a time (YYYY-MM-DDTHH:MM:SSZ); "
                                      "skipped", where, EXPIRES_AT_ANNOTATION, expiry)
                     continue
-                if (in_use := self.in_use(context, cluster)) is not None:
-                    self.log.info("RayCluster %s expired at %s but is not deleted: %s", where, expiry, in_use)
-                    continue
-                expired.append(where)
-                self.log.info("RayCluster %s expired at %s%s", where, expiry, " (dry run)" if self.report_only else "")
-                if not self.report_only:
-                    self.backend.delete_cluster(metadata["name"], metadata["namespace"])
+                if (kept := kept_because(context["ti"], self.hook, cluster, self.log)) is not None:
+                    self.log.info("RayCluster %s expired at %s but is not deleted: %s", where, expiry, kept)
+                elif self.report_only:
+                    self.log.info("RayCluster %s expired at %s (dry run)", where, expiry)
+                    expired.append(where)
+                elif self.delete_as_listed(cluster):
+                    self.log.info("RayCluster %s expired at %s: deleted", where, expiry)
+                    expired.append(where)
         return expired
 
-    def in_use(self, context: Context, cluster: dict[str, Any]) -> str | None:
-        """Why an expired cluster must stay (its DAG run goes on, or a Ray job runs on it), or ``None``."""
+    def delete_as_listed(self, cluster: dict[str, Any]) -> bool:
+        """Delete the cluster only as it was listed and checked: a renewed expiry or a cluster made again since
+        changes its resourceVersion, and the API server then refuses the delete."""
         metadata = cluster["metadata"]
-        notes = metadata.get("annotations") or {}
-        if DAG_ID_KEY in notes and RUN_ID_KEY in notes:
-            try:
-                found = context["ti"].get_dagrun_state(notes[DAG_ID_KEY], notes[RUN_ID_KEY])
-                state = str(getattr(found, "value", found))  # the Task SDK's DagRunState enum
-            except Exception as exc:  # the run was deleted: nobody waits for the cluster
-                self.log.debug("No DAG run %s/%s: %s", notes[DAG_ID_KEY], notes[RUN_ID_KEY], exc)
-            else:
-                if state in ("running", "queued"):
-                    return f"its DAG run {notes[DAG_ID_KEY]} / {notes[RUN_ID_KEY]} is {state}"
-        jobs = RayJobsHook(metadata["name"], metadata["namespace"], self.conn_id, cluster_hook=self.hook,
-                           unreachable_grace_period=JOB_CHECK_GRACE_SECONDS)
         try:
-            running = [job.submission_id or job.job_id or "" for job in jobs.list_jobs() if job.status in ACTIVE]
-        except Exception as exc:  # no dashboard answers: no job runs there
-            self.log.info("RayCluster %s/%s: its Ray jobs could not be listed (%s)", metadata["namespace"],
-                          metadata["name"], exc)
-            return None
-        return f"Ray job(s) {', '.join(running)} still running on it" if running else None
+            self.backend.delete_cluster(metadata["name"], metadata["namespace"], Precondition.of(cluster, exact=True))
+        except ChangedSinceChecked as exc:
+            self.log.info("%s; the next sweep decides again", exc)
+            return False
+        return True

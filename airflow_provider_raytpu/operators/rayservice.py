@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_raytpu.backends.apply import SERVICE_OWNER
-from airflow_provider_raytpu.backends.base import Applied
-from airflow_provider_raytpu.errors import InvalidInputError
+from airflow_provider_raytpu.backends.apply import SERVICE_OWNER, annotations_of, describe_owner, is_managed
+from airflow_provider_raytpu.backends.base import Applied, Precondition
+from airflow_provider_raytpu.errors import ConflictError, InvalidInputError
 from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, owned_name
 from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
-from airflow_provider_raytpu.manifests.raycluster import tpu_slice_of
+from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, AirflowOrigin, tpu_slice_of
 from airflow_provider_raytpu.manifests.rayservice import (
     UPDATE_ANNOTATION,
     build_ray_service,
@@ -274,6 +274,20 @@ def service_reference(task: ServiceTaskMixin, service: dict[str, Any]) -> dict[s
     }
 
 
+def check_rollback_owner(current: dict[str, Any], origin: AirflowOrigin) -> None:
+    """A RayService is rolled back only by a task of the DAG that deployed it (any of its tasks: rolling back is
+    often a task of its own); the service keeps its owner.
+
+    :raises ConflictError: another DAG deployed it, or this provider did not.
+    """
+    metadata = current["metadata"]
+    owner = describe_owner(current) if is_managed(current) else "no task of this provider (no managed-by label)"
+    if not is_managed(current) or annotations_of(current).get(DAG_ID_KEY) != origin.dag_id:
+        raise ConflictError(
+            f"RayService {metadata['namespace']}/{metadata['name']} belongs to {owner}, not to DAG "
+            f"{origin.dag_id!r}, so it is not rolled back. Roll it back from a task of the DAG that deployed it")
+
+
 def roll_back(task: ServiceTaskMixin, context: Context, name: str, namespace: str, current: dict[str, Any] | None,
               in_place: bool) -> dict[str, Any]:
     """Promote the version before the current one, from the RayService alone; a retry keeps an earlier try's."""
@@ -281,12 +295,14 @@ def roll_back(task: ServiceTaskMixin, context: Context, name: str, namespace: st
         raise InvalidInputError("rollback", True, f"RayService {namespace}/{name} does not exist",
                                 "Deploy a version first; rollback promotes the one before the current")
     origin = origin_of(context)
+    check_rollback_owner(current, origin)
     if rolled_back_by(current, origin):
         task.log.info("RayService %s/%s: an earlier try of this task rolled back to %r; keeping it",
                       namespace, name, service_version(current))
         push_service_links(context, task.service_backend, name, namespace, current)
         return service_reference(task, current)
     manifest = rolled_back_service(current, in_place=in_place, origin=origin)
+    manifest["metadata"]["uid"] = current["metadata"]["uid"]  # roll back the service checked, never a successor
     task.log.info("RayService %s/%s: rolling back from %r to %r", namespace, name,
                   service_version(current), service_version(manifest))
     apply_logged(task, context, manifest)
@@ -369,8 +385,8 @@ class DeleteRayServiceOperator(ServiceTaskMixin, DeleteOwnedOperator):
     def get_object(self, name: str, namespace: str) -> dict[str, Any] | None:
         return self.service_backend.get_service(name, namespace)
 
-    def delete_object(self, name: str, namespace: str) -> bool:
-        return self.service_backend.delete_service(name, namespace)
+    def delete_object(self, name: str, namespace: str, precondition: Precondition) -> bool:
+        return self.service_backend.delete_service(name, namespace, precondition)
 
     def list_objects(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return self.service_backend.list_services(namespace, label_selector)

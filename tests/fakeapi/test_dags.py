@@ -427,6 +427,9 @@ def test_an_expired_cluster_running_a_ray_job_is_kept_until_the_job_ends(
     expired = format_expiry(datetime.now(UTC) - timedelta(minutes=5))
     kube.create_object(build_ray_cluster(name="busy", namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x2"),
                                          expires_at=datetime.now(UTC) - timedelta(minutes=5)))
+    kube.set_status("rayclusters", NAMESPACE, "busy", {"conditions": [  # a head runs: its jobs are asked for
+        {"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady",
+         "lastTransitionTime": "2026-12-02T00:00:00Z"}]})
     kube.create_object({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "busy-head-svc",
                         "namespace": NAMESPACE}, "spec": {"ports": [{"name": "dashboard", "port": 8265}]}})
     with JobsStub() as jobs:

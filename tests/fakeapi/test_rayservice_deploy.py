@@ -82,10 +82,16 @@ def test_rollback_promotes_the_previous_version_and_a_retry_keeps_it(airflow_hom
                                                                      kube: FakeKubeApiServer) -> None:
     run_dag(airflow_home, dag("versions"), "versions")
     run_dag(airflow_home, dag("versions"), "versions", conf={"version": "gs://b/ckpt-2"})
-    source = dag("rollback", deploy=None).replace(
-        "params={'version': 'gs://b/ckpt-1'}):",
-        "params={}):\n    RollbackRayServiceOperator(task_id='rollback', service_name='chat')")
-    outcome = run_dag(airflow_home, source, "rollback")
+    def rollback_dag(dag_id: str) -> str:
+        return dag(dag_id, deploy=None).replace(
+            "params={'version': 'gs://b/ckpt-1'}):",
+            "params={}):\n    RollbackRayServiceOperator(task_id='rollback', service_name='chat')")
+
+    puts = kube.count("PUT", SERVICES + "/chat$")
+    refused = run_dag(airflow_home, rollback_dag("other_team"), "other_team")  # not the DAG that deployed it
+    assert (refused["rollback"].state, refused["rollback"].try_number) == ("failed", 1)
+    assert kube.count("PUT", SERVICES + "/chat$") == puts
+    outcome = run_dag(airflow_home, rollback_dag("versions"), "versions")
     assert outcome["rollback"].state == "success"
     assert (outcome["rollback"].result["version"], outcome["rollback"].result["previous_version"]) == (
         "gs://b/ckpt-1", "gs://b/ckpt-2")
@@ -98,10 +104,10 @@ def test_rollback_promotes_the_previous_version_and_a_retry_keeps_it(airflow_hom
     notes = stored["metadata"]["annotations"]
     assert (notes["raytpu.dev/dag-id"], notes["raytpu.dev/task-id"]) == ("versions", "deploy")
     dag_id, run_id, task_id, version = json.loads(notes["raytpu.dev/rolled-back-by"])
-    assert (dag_id, task_id, version) == ("rollback", "rollback", "gs://b/ckpt-1")
+    assert (dag_id, task_id, version) == ("versions", "rollback", "gs://b/ckpt-1")
     # A retry of the same task (same run) must not toggle back to ckpt-2.
     links: dict[str, Any] = {}
-    ti = SimpleNamespace(dag_id="rollback", run_id=run_id, task_id="rollback", map_index=-1,
+    ti = SimpleNamespace(dag_id="versions", run_id=run_id, task_id="rollback", map_index=-1,
                          xcom_push=lambda key, value: links.__setitem__(key, value))
     retry = RollbackRayServiceOperator(task_id="rollback", service_name="chat")
     puts = kube.count("PUT", SERVICES + "/chat$")

@@ -24,7 +24,7 @@ from airflow_provider_raytpu.backends.apply import (
     same_service,
     same_spec,
 )
-from airflow_provider_raytpu.backends.base import Applied
+from airflow_provider_raytpu.backends.base import Applied, ChangedSinceChecked, Precondition
 from airflow_provider_raytpu.errors import ConflictError, FatalError
 from airflow_provider_raytpu.manifests.raycluster import MANAGED_BY_LABEL, AirflowOrigin, build_ray_cluster
 from airflow_provider_raytpu.manifests.rayservice import build_ray_service, service_version
@@ -47,12 +47,13 @@ class MemoryStore:
         self.status_writes = status_writes
         self.hidden_reads = 0
         self.calls: list[str] = []
+        self.before_delete: list[dict[str, Any]] = []  # objects put in place just before a delete (a race)
 
     def put(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.version += 1
         stored = copy.deepcopy(obj)
         stored["metadata"]["resourceVersion"] = str(self.version)
-        stored["metadata"].setdefault("uid", f"uid-{stored['metadata']['name']}")
+        stored["metadata"].setdefault("uid", f"uid-{self.version}")
         self.objects[(stored["metadata"]["namespace"], stored["metadata"]["name"])] = stored
         return copy.deepcopy(stored)
 
@@ -70,8 +71,14 @@ class MemoryStore:
             raise AlreadyExists(manifest["metadata"]["name"])
         return self.put(manifest)
 
-    def delete(self, name: str, namespace: str) -> bool:
+    def delete(self, name: str, namespace: str, precondition: Precondition | None = None) -> bool:
         self.calls.append("delete")
+        while self.before_delete:
+            self.objects.pop((namespace, name), None)
+            self.put(self.before_delete.pop(0))
+        stored = self.objects.get((namespace, name))
+        if stored is not None and precondition is not None and (unmet := precondition.unmet(stored)):
+            raise ChangedSinceChecked("RayCluster", name, namespace, unmet)
         return self.objects.pop((namespace, name), None) is not None
 
     def replace(self, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -174,6 +181,31 @@ def test_our_own_different_cluster_is_recreated_not_replaced() -> None:
     assert stored["metadata"]["resourceVersion"] == "2"
 
 
+def test_a_cluster_replaced_between_the_owner_check_and_the_delete_is_checked_again_not_deleted() -> None:
+    store = MemoryStore()
+    store.put(cluster())
+    store.before_delete.append(cluster(run="run-2"))  # another run's same-named cluster, made in the window
+    with pytest.raises(ConflictError, match="belongs to DAG 'nightly', run 'run-2'"):
+        apply_cluster(store, cluster("4x8"), OnChange.RECREATE, poll_interval=0)
+    assert store.calls == ["get", "delete", "get"], "the refused delete was not retried: the new one was checked"
+    assert store.objects[(NAMESPACE, "train")]["metadata"]["annotations"]["raytpu.dev/run-id"] == "run-2"
+
+
+def test_a_manifest_made_from_a_stored_object_changes_only_that_object() -> None:
+    store = MemoryStore()
+    read = store.put(service("v1"))
+    made_from_it = service("v2")
+    made_from_it["metadata"]["uid"] = read["metadata"]["uid"]
+    store.objects.clear()
+    store.put(service("v1"))  # deleted and deployed again since it was read: a new uid
+    with pytest.raises(ChangedSinceChecked, match="RayService ml/chat changed since it was checked: not changed"):
+        apply_service(store, made_from_it)
+    store.objects.clear()
+    with pytest.raises(ChangedSinceChecked):  # gone since it was read: not created again either
+        apply_service(store, made_from_it)
+    assert "replace" not in store.calls and "create" not in store.calls
+
+
 def test_an_object_being_deleted_is_waited_for_then_created() -> None:
     store = MemoryStore()
     dying = copy.deepcopy(cluster())
@@ -202,7 +234,7 @@ def test_a_different_service_is_replaced_keeping_the_stored_metadata() -> None:
     assert result.action is Applied.UPDATED
     stored = store.objects[(NAMESPACE, "chat")]
     assert service_version(stored) == "v2"
-    assert stored["metadata"]["uid"] == "uid-chat" and stored["metadata"]["labels"]["team"] == "research"
+    assert stored["metadata"]["uid"] == "uid-1" and stored["metadata"]["labels"]["team"] == "research"
     assert stored["metadata"]["annotations"] == {**first["metadata"]["annotations"],
                                                  **service("v2", run="run-2")["metadata"]["annotations"]}
 

@@ -95,3 +95,35 @@ def test_the_dashboard_clients_and_shared_plumbing_import_no_airflow(name: str) 
 def test_the_airflow_side_never_imports_ray(name: str) -> None:
     """Ray runs on the cluster (and in the local backend's processes); Airflow speaks its REST APIs."""
     assert not _tops(imports(MODULES[name])) & {"ray", "jax", "orbax"}
+
+
+DELETES = ("delete_cluster", "delete_service", "delete", "remove_locked")
+#: Deletes that act on no checked object by design: a RayService's own local cluster, removed with the service.
+UNCHECKED_DELETES = {("airflow_provider_raytpu.backends.local.serve", "delete_cluster")}
+
+
+def unchecked_deletes(name: str) -> list[str]:
+    """The calls in module ``name`` that delete a RayCluster or RayService without a precondition."""
+    found = []
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in DELETES):
+            continue
+        receiver = ast.unparse(node.func.value)
+        if node.func.attr == "delete" and "store" not in receiver and "objects" not in receiver:
+            continue  # another kind of delete (a file, a dict entry)
+        given = len(node.args) >= 3 or any(keyword.arg == "precondition" for keyword in node.keywords)
+        if not given and (name, node.func.attr) not in UNCHECKED_DELETES:
+            found.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_every_delete_in_the_package_names_the_object_whose_owner_was_checked() -> None:
+    assert [call for name in MODULES for call in unchecked_deletes(name)] == []
+
+
+def test_the_delete_check_finds_a_delete_by_name_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = tmp_path / "sweep.py"
+    source.write_text("def sweep(backend):\n    backend.delete_cluster('train', 'ml')\n"
+                      "    backend.delete_cluster('train', 'ml', precondition=None)\n")
+    monkeypatch.setitem(MODULES, "sweep", source)
+    assert unchecked_deletes("sweep") == ["sweep:2 backend.delete_cluster('train', 'ml')"]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.client.rest import ApiException
 
 from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER, OnChange, apply_object, same_spec
-from airflow_provider_raytpu.backends.base import ApplyResult, ClusterBackend
+from airflow_provider_raytpu.backends.base import ApplyResult, ClusterBackend, Precondition
 from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
 from airflow_provider_raytpu.backends.kuberay.connection_check import missing_verbs_line, tpu_webhook_line
 from airflow_provider_raytpu.backends.kuberay.crd import RayClusterCrd, read_raycluster_crd
@@ -127,8 +127,8 @@ class KubeRayBackend(ClusterBackend):
     def get_cluster(self, name: str, namespace: str) -> dict[str, Any] | None:
         return self.objects.get(name, namespace)
 
-    def delete_cluster(self, name: str, namespace: str) -> bool:
-        return self.objects.delete(name, namespace)
+    def delete_cluster(self, name: str, namespace: str, precondition: Precondition | None = None) -> bool:
+        return self.objects.delete(name, namespace, precondition)
 
     def annotate_cluster(self, name: str, namespace: str, annotations: dict[str, str]) -> None:
         self.objects.annotate(name, namespace, annotations)

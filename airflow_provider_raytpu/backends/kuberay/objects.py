@@ -1,12 +1,13 @@
 """KubeRay custom objects (``rayclusters.ray.io``, ``rayservices.ray.io``): create, get, replace, delete, list.
 
 Transient API answers (429 honouring Retry-After, 5xx, dropped connections) are retried;
+a delete carries the checked object's uid as a precondition, so its retry never takes a successor;
 other 4xx are not, and a 401 / 403 / 400 / 422 becomes an error a user can act on
-(:func:`explain_api_error`). Reads and deletes are the cncf ``KubernetesHook``'s own
-``get_custom_object`` / ``delete_custom_object`` (with its retry of transient answers).
-Create and replace are not: the hook's ``create_custom_object`` cannot ask for strict field
-validation (a misspelt field in a manifest must fail, not be pruned), and the hook has no
-replace or list.
+(:func:`explain_api_error`). Reads are the cncf ``KubernetesHook``'s own ``get_custom_object``
+(with its retry of transient answers). Create, replace and delete are not: the hook's
+``create_custom_object`` cannot ask for strict field validation (a misspelt field in a manifest
+must fail, not be pruned), the hook has no replace or list, and its ``delete_custom_object``
+retries a 409, which for a delete with a precondition is the final answer "not that object".
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import aiohttp
 import tenacity
 import urllib3
 from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import WaitRetryAfterOrExponential
+from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from kubernetes_asyncio import client as k8s_async
 from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiException
 
 from airflow_provider_raytpu.backends.apply import AlreadyExists, StaleWrite
+from airflow_provider_raytpu.backends.base import ChangedSinceChecked, Precondition
 from airflow_provider_raytpu.errors import FatalError, PermissionDeniedError
 
 if TYPE_CHECKING:
@@ -169,17 +172,27 @@ class CustomObjects:
             )
             return patched
 
-    def delete(self, name: str, namespace: str) -> bool:
-        """Delete the object (its dependents in the background); ``False`` when it was already gone."""
+    def delete(self, name: str, namespace: str, precondition: Precondition | None = None) -> bool:
+        """Delete the object (its dependents in the background); ``False`` when it was already gone.
+
+        :param precondition: delete only the checked object (``DeleteOptions.preconditions``).
+        :raises ChangedSinceChecked: the API server's 409: the stored object is not the checked one.
+        """
+        checked = precondition and k8s.V1Preconditions(uid=precondition.uid,
+                                                        resource_version=precondition.resource_version)
+        options = k8s.V1DeleteOptions(propagation_policy="Background", preconditions=checked)
         try:
             with explained("delete", self.resource, namespace):
-                self.clients.hook.delete_custom_object(
-                    GROUP, VERSION, self.plural, name, namespace, propagation_policy="Background"
-                )
+                # The uid precondition makes a retry of a lost answer safe: it deletes the same object or none.
+                api_retry()(self.clients.custom_objects.delete_namespaced_custom_object)(
+                    GROUP, VERSION, namespace, self.plural, name, body=options)
             return True
         except ApiException as exc:
             if exc.status == 404:
                 return False
+            if exc.status == 409:
+                raise ChangedSinceChecked(self.kind, name, namespace,
+                                          _body(exc).get("message") or str(exc.reason)) from None
             raise
 
     def list(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes_asyncio import client as k8s_async
 
 from airflow_provider_raytpu.backends.apply import SERVICE_OWNER, OnChange, apply_object, same_service
-from airflow_provider_raytpu.backends.base import ApplyResult, ServiceBackend
+from airflow_provider_raytpu.backends.base import ApplyResult, Precondition, ServiceBackend
 from airflow_provider_raytpu.backends.kuberay.informer import informer
 from airflow_provider_raytpu.backends.kuberay.objects import RAY_SERVICES, CustomObjects
 from airflow_provider_raytpu.backends.kuberay.transport import reach
@@ -82,8 +82,8 @@ class KubeRayServices(ServiceBackend):
     def get_service(self, name: str, namespace: str) -> dict[str, Any] | None:
         return self.objects.get(name, namespace)
 
-    def delete_service(self, name: str, namespace: str) -> bool:
-        return self.objects.delete(name, namespace)
+    def delete_service(self, name: str, namespace: str, precondition: Precondition | None = None) -> bool:
+        return self.objects.delete(name, namespace, precondition)
 
     def list_services(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return self.objects.list(namespace, label_selector)

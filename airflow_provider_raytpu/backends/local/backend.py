@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER, ObjectStore, OnChange, apply_object, same_spec
-from airflow_provider_raytpu.backends.base import Applied, ApplyResult, ClusterBackend
+from airflow_provider_raytpu.backends.base import (
+    Applied,
+    ApplyResult,
+    ChangedSinceChecked,
+    ClusterBackend,
+    Precondition,
+)
 from airflow_provider_raytpu.backends.local.lifecycle import processes_of, remove_cluster, start_cluster, stop_cluster
 from airflow_provider_raytpu.backends.local.plan import plan_cluster
 from airflow_provider_raytpu.backends.local.process import (
@@ -58,6 +64,7 @@ from airflow_provider_raytpu.backends.local.state import (
     check_name,
     cluster_dir,
     local_home,
+    next_version,
     stored_form,
 )
 from airflow_provider_raytpu.backends.local.status import synthesise_status
@@ -103,8 +110,8 @@ class _ClusterFiles(ObjectStore):
         start_cluster(self.path, stored_form(manifest, None), fresh=True)
         return _applied(self.backend, manifest["metadata"]["name"], manifest["metadata"]["namespace"])
 
-    def delete(self, name: str, namespace: str) -> bool:
-        return self.backend.remove_locked(name, namespace)
+    def delete(self, name: str, namespace: str, precondition: Precondition | None = None) -> bool:
+        return self.backend.remove_locked(name, namespace, precondition)
 
 
 class LocalBackend(ClusterBackend):
@@ -219,9 +226,9 @@ class LocalBackend(ClusterBackend):
                 result = ApplyResult(Applied.ADOPTED, _applied(self, name, namespace))
             return result
 
-    def delete_cluster(self, name: str, namespace: str) -> bool:
+    def delete_cluster(self, name: str, namespace: str, precondition: Precondition | None = None) -> bool:
         with self._lock(name, namespace):
-            return self.remove_locked(name, namespace)
+            return self.remove_locked(name, namespace, precondition)
 
     def annotate_cluster(self, name: str, namespace: str, annotations: dict[str, str]) -> None:
         """Set annotations in the cluster's stored manifest (its supervisor reads a renewed expiry from it)."""
@@ -231,16 +238,21 @@ class LocalBackend(ClusterBackend):
                 raise FatalError(f"RayCluster {namespace}/{name} does not exist")
             manifest = copy.deepcopy(stored.manifest)
             manifest.setdefault("metadata", {}).setdefault("annotations", {}).update(annotations)
-            write_json_atomic(stored.path / MANIFEST_FILE, manifest)
+            write_json_atomic(stored.path / MANIFEST_FILE, next_version(manifest))
 
-    def remove_locked(self, name: str, namespace: str) -> bool:
-        """Delete the cluster (its lock held): mark it deleted, stop its processes, remove its files."""
+    def remove_locked(self, name: str, namespace: str, precondition: Precondition | None = None) -> bool:
+        """Delete the cluster (its lock held): mark it deleted, stop its processes, remove its files.
+
+        :raises ChangedSinceChecked: it is not the cluster ``precondition`` names; nothing is removed.
+        """
         stored = self._read(name, namespace)
         if stored is None:
             path = self.cluster_dir(name, namespace)
             if path.exists():  # a create that never wrote its manifest
                 shutil.rmtree(path, ignore_errors=True)
             return False
+        if precondition is not None and (unmet := precondition.unmet(stored.manifest)):
+            raise ChangedSinceChecked("RayCluster", name, namespace, unmet)
         marked = copy.deepcopy(stored.manifest)
         marked.setdefault("metadata", {}).setdefault("deletionTimestamp", utc_now())
         write_json_atomic(stored.path / MANIFEST_FILE, marked)

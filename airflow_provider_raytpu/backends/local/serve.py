@@ -36,7 +36,7 @@ from airflow_provider_raytpu.backends.apply import (
     same_service,
     same_spec,
 )
-from airflow_provider_raytpu.backends.base import ApplyResult, ServiceBackend
+from airflow_provider_raytpu.backends.base import ApplyResult, ChangedSinceChecked, Precondition, ServiceBackend
 from airflow_provider_raytpu.backends.local.process import free_port, read_json, write_json_atomic
 from airflow_provider_raytpu.backends.local.selectors import selector_matches
 from airflow_provider_raytpu.backends.local.serve_sync import (
@@ -160,9 +160,11 @@ class LocalServices(ServiceBackend):
                     "Serve config once it is", namespace, cluster, timeout)
         return False
 
-    def delete_service(self, name: str, namespace: str) -> bool:
+    def delete_service(self, name: str, namespace: str, precondition: Precondition | None = None) -> bool:
         with service_lock(self.service_dir(name, namespace)):
             stored = self._stored(name, namespace)
+            if stored is not None and precondition is not None and (unmet := precondition.unmet(stored)):
+                raise ChangedSinceChecked("RayService", name, namespace, unmet)
             cluster_gone = not self.clusters.delete_cluster(local_cluster_name(name), namespace)
             shutil.rmtree(self.service_dir(name, namespace), ignore_errors=True)
         return stored is not None or not cluster_gone

@@ -139,6 +139,13 @@ class StoredCluster:
         return bool(self.manifest.get("metadata", {}).get("deletionTimestamp"))
 
 
+def next_version(stored: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``stored`` whose ``metadata.resourceVersion`` is one higher: every write of a stored object
+    raises it, so a :class:`~airflow_provider_raytpu.backends.base.Precondition` on a version sees the write."""
+    metadata = stored.get("metadata") or {}
+    return {**stored, "metadata": {**metadata, "resourceVersion": str(int(metadata.get("resourceVersion") or 0) + 1)}}
+
+
 def stored_form(manifest: dict[str, Any], existing: dict[str, Any] | None, *, changed: bool = True) -> dict[str, Any]:
     """A RayCluster or RayService as stored: server-like metadata added (merged over an existing one on update).
 
@@ -148,11 +155,13 @@ def stored_form(manifest: dict[str, Any], existing: dict[str, Any] | None, *, ch
     stored = copy.deepcopy({k: v for k, v in manifest.items() if k != "status"})
     metadata = stored.setdefault("metadata", {})
     if existing is None:
-        metadata.update({"uid": str(uuid.uuid4()), "creationTimestamp": utc_now(), "generation": 1})
+        metadata.update({"uid": str(uuid.uuid4()), "creationTimestamp": utc_now(), "generation": 1,
+                         "resourceVersion": "1"})
     else:
         old = existing.get("metadata", {})
         metadata.update({
             "uid": old.get("uid", str(uuid.uuid4())),
+            "resourceVersion": next_version(existing)["metadata"]["resourceVersion"],
             "creationTimestamp": old.get("creationTimestamp", utc_now()),
             "generation": int(old.get("generation", 1)) + (1 if changed else 0),
             "labels": {**(old.get("labels") or {}), **(metadata.get("labels") or {})},

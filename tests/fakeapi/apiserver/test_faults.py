@@ -61,3 +61,24 @@ def test_fault_injection_and_request_log(server, custom):
     custom.get_namespaced_custom_object(G, V, NS, "rayclusters", "f")
     assert time.monotonic() - t0 >= 0.2
     server.latency(0)
+
+
+def test_an_action_armed_before_a_request_runs_just_before_it_is_served(server, custom):
+    """``before`` swaps an object between a client's read and its write; a delete with the read uid is refused."""
+    from kubernetes import client as k8s
+
+    read = custom.create_namespaced_custom_object(G, V, NS, "rayclusters", raycluster("race"))
+
+    def swap() -> None:
+        server.delete_object("rayclusters", NS, "race", force=True)
+        server.create_object(raycluster("race"))
+
+    server.before("DELETE", r"/rayclusters/race$", swap)
+    checked = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=read["metadata"]["uid"]))
+    with pytest.raises(ApiException) as exc:
+        custom.delete_namespaced_custom_object(G, V, NS, "rayclusters", "race", body=checked)
+    assert exc.value.status == 409 and "Precondition failed: UID in precondition" in body_of(exc.value)["message"]
+    survivor = custom.get_namespaced_custom_object(G, V, NS, "rayclusters", "race")
+    assert survivor["metadata"]["uid"] != read["metadata"]["uid"]
+    custom.delete_namespaced_custom_object(G, V, NS, "rayclusters", "race")  # disarmed: this one is served as is
+    assert server.get_object("rayclusters", NS, "race") is None

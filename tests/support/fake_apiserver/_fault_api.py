@@ -7,6 +7,7 @@ A mixin: the server owns the ``FaultInjector``, the change feed and the aiohttp 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -54,6 +55,12 @@ class FaultApi:
         """Answer the next ``times`` matching requests normally, but only after ``seconds`` (a client
         whose request timeout is shorter sees a timeout)."""
         self._faults.stall(method, path_regex, seconds, times)
+
+    def before(self, method: str | None, path_regex: str, action: Callable[[], object],
+               times: int | None = 1) -> None:
+        """Run ``action`` (on the server's loop, so no request is served meanwhile) just before the next
+        ``times`` matching requests are served: e.g. replace an object between a client's check and its act."""
+        self._faults.before(method, path_regex, action, times)
 
     def clear_faults(self) -> None:
         """Disarm every fault, denial and latency."""

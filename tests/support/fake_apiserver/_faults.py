@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ class Fault:
     watch: bool | None = None
     lose_answer: bool = False
     stall: float = 0.0
+    before: Callable[[], object] | None = None
 
     def matches(self, method: str, path: str, watch: bool) -> bool:
         if self.times is not None and self.times <= 0:
@@ -97,6 +99,10 @@ class FaultInjector:
     def stall(self, method: str | None, path_regex: str, seconds: float, times: int | None = 1) -> None:
         with self._lock:
             self._faults.append(Fault(method, re.compile(path_regex), None, times, stall=seconds))
+
+    def before(self, method: str | None, path_regex: str, action: Callable[[], object], times: int | None = 1) -> None:
+        with self._lock:
+            self._faults.append(Fault(method, re.compile(path_regex), None, times, before=action))
 
     def deny(self, verb: str, resource: str, namespace: str | None = None, *, times: int | None = None) -> None:
         with self._lock:

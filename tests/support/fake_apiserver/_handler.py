@@ -69,6 +69,9 @@ class ApiHandler:
         if fault is not None and fault.stall:  # answered normally, late (a client's timeout may come first)
             await asyncio.sleep(fault.stall)
             fault = None
+        if fault is not None and fault.before is not None:  # the world changes, then the request is served
+            fault.before()
+            fault = None
         if fault is not None and not fault.lose_answer:
             if fault.reset:
                 abort(request)
