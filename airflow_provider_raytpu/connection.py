@@ -53,6 +53,9 @@ class ConnectionSettings:
     :param ray_token_auth: (kubernetes, gke) turn on Ray's token authentication (KubeRay's ``authOptions``,
         where the CRD and the cluster's Ray 2.52+ have it) and send each cluster's token, read from the
         Secret KubeRay makes for it, to its dashboard.
+    :param insecure_dashboard_http: send each cluster's Ray token to its dashboard over plain http
+        (``dashboard`` ``dns``, or an ``http://`` ``dashboard_url``); off, such a connection with
+        ``ray_token_auth`` is refused: anyone on the path would read the token.
     :param chip_hour_prices: a price per chip-hour by TPU generation and capacity kind,
         ``{"v6e": {"on-demand": 2.7, "spot": 1.1}}``: teardowns estimate each cluster's cost with it
         (a ``DeleteRayClusterOperator``'s own ``chip_hour_prices`` wins). No price is built in.
@@ -76,6 +79,7 @@ class ConnectionSettings:
     local_max_hosts: int = 8
     confirm_with_ray: bool = True
     ray_token_auth: bool = True
+    insecure_dashboard_http: bool = False
     chip_hour_prices: Mapping[str, Mapping[str, float]] | None = None
 
     @classmethod
@@ -96,7 +100,8 @@ class ConnectionSettings:
                 f"connection {conn_id!r} extra.backend", backend, "is not a backend", f"Set it to one of {BACKENDS}"
             )
         values: dict[str, Any] = {k: v for k, v in extra.items() if v not in (None, "")}
-        for flag in ("use_internal_ip", "use_dns_endpoint", "confirm_with_ray", "ray_token_auth"):
+        for flag in ("use_internal_ip", "use_dns_endpoint", "confirm_with_ray", "ray_token_auth",
+                     "insecure_dashboard_http"):
             if flag in values:
                 values[flag] = parse_bool(values[flag], f"connection {conn_id!r} extra.{flag}")
         if "local_max_hosts" in values:
@@ -115,6 +120,7 @@ class ConnectionSettings:
                 f"connection {conn_id!r} extra.dashboard_url", None, "is required with dashboard='url'",
                 "Set it, e.g. 'https://ray.example.com/{namespace}/{cluster_name}/'",
             )
+        check_token_transport(conn_id, backend, values)
         if "chip_hour_prices" in values:
             values["chip_hour_prices"] = check_prices(values["chip_hour_prices"],
                                                       f"connection {conn_id!r} extra.chip_hour_prices")
@@ -128,3 +134,22 @@ class ConnectionSettings:
                     "Set project_id, location and cluster (the GKE cluster's name)",
                 )
         return cls(conn_id=conn_id, **values)
+
+
+def check_token_transport(conn_id: str, backend: str, values: Mapping[str, Any]) -> None:
+    """Refuse a connection that would send Ray tokens over plain http unless it opts in.
+
+    :raises InvalidInputError: ``dashboard`` ``dns`` or an ``http://`` ``dashboard_url`` with ``ray_token_auth``.
+    """
+    dashboard = values.get("dashboard", "proxy")
+    plain = dashboard == "dns" or (dashboard == "url" and str(values.get("dashboard_url")).startswith("http://"))
+    if backend == "local" or not plain or not values.get("ray_token_auth", True):
+        return
+    if values.get("insecure_dashboard_http"):
+        return
+    shown = "dns" if dashboard == "dns" else values.get("dashboard_url")
+    raise InvalidInputError(
+        f"connection {conn_id!r} extra.{'dashboard' if dashboard == 'dns' else 'dashboard_url'}", shown,
+        "would send each cluster's Ray token over plain http, where anyone on the path reads it",
+        "Reach dashboards through the API server (dashboard 'proxy', the default) or an https dashboard_url; "
+        "or, on a network you trust, set insecure_dashboard_http to true (or ray_token_auth to false)")

@@ -55,6 +55,12 @@ CONN_FIELDS = {
         "send each cluster's token, read from its Secret (needs get on secrets).",
         {**_FLAG, "default": True},
     ),
+    "insecure_dashboard_http": _field(
+        "Ray token over plain http",
+        "Send each cluster's Ray token over plain http (dashboard dns, or an http:// dashboard URL); without it "
+        "such a connection is refused. Only on a network you trust.",
+        {**_FLAG, "default": False},
+    ),
     "chip_hour_prices": _field(
         "Chip-hour prices",
         'For teardowns\' cost estimates: a price per chip-hour by TPU generation and capacity kind, e.g. '

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from datetime import timedelta
@@ -41,6 +42,10 @@ def parse_optional_int(value: Any, field: str, *, example: int) -> int | None:
     return parse_int(value, field, example=example)
 
 
+#: The longest duration taken as seconds: 100 years (``timedelta`` overflows past about 2.7 million).
+MAX_SECONDS = 100 * 365 * 24 * 3600
+
+
 def parse_duration(value: Any, field: str, *, example: str, why_positive: str = "") -> timedelta:
     """A duration given as a ``timedelta`` or a number of seconds (a template's ``"600"`` too), more than zero.
 
@@ -50,6 +55,9 @@ def parse_duration(value: Any, field: str, *, example: str, why_positive: str = 
     if isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", value):
         value = float(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value) or abs(value) > MAX_SECONDS:
+            raise InvalidInputError(field, value, "is not a finite number of seconds (at most 100 years)",
+                                    f"Give e.g. {example}")
         value = timedelta(seconds=value)
     if not isinstance(value, timedelta):
         raise InvalidInputError(field, value, "is not a duration",

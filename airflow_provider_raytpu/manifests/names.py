@@ -1,4 +1,5 @@
-"""Kubernetes names and label values made from Airflow identifiers."""
+"""Kubernetes names and label values made from Airflow identifiers, and the label and annotation keys a user may
+not set (this provider's and KubeRay's)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from collections.abc import Sequence
 
 from airflow_provider_raytpu.errors import InvalidInputError
 
+KEY_PREFIX = "raytpu.dev/"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "airflow-provider-raytpu"
+KUBERAY_KEY_PREFIX = "ray.io/"
 RAY_CLUSTER_NAME_LIMIT = 53
 RAY_SERVICE_NAME_LIMIT = 47
 LABEL_VALUE_LIMIT = 63
@@ -136,4 +141,17 @@ def label_value_problem(value: object) -> str | None:
     if value and (len(value) > LABEL_VALUE_LIMIT or not _LABEL_NAME.fullmatch(value)):
         return "is not a label value: at most 63 letters, digits, '-', '_' or '.', starting and ending with a " \
                "letter or digit"
+    return None
+
+
+def reserved_key_problem(key: str) -> str | None:
+    """Why a user's label or annotation key is not theirs to set (``None`` when it is): this provider finds its
+    objects by ``managed-by`` and records owners, shapes and expiry under ``raytpu.dev/``; KubeRay reads and
+    writes ``ray.io/`` keys."""
+    if key == MANAGED_BY_LABEL:
+        return f"is the label this provider finds its own objects by ({MANAGED_BY_LABEL}={MANAGED_BY})"
+    if key.startswith(KEY_PREFIX):
+        return f"is under {KEY_PREFIX!r}, where this provider records an object's owner, slice shape and expiry"
+    if key.startswith(KUBERAY_KEY_PREFIX):
+        return f"is under {KUBERAY_KEY_PREFIX!r}, which KubeRay reads and writes"
     return None

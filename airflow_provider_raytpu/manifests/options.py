@@ -7,17 +7,20 @@ take and what ``CreateRayClusterOperator`` and ``DeployRayServiceOperator`` acce
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.manifests.names import label_key_problem, label_value_problem
+from airflow_provider_raytpu.manifests.names import label_key_problem, label_value_problem, reserved_key_problem
 from airflow_provider_raytpu.status.kueue import QUEUE_NAME_LABEL
 
 DEFAULT_IMAGE = "rayproject/ray:2.60.0-py311-tpu"
 DEFAULT_HEAD_RESOURCES = {"cpu": "2", "memory": "8Gi"}
 DEFAULT_WORKER_RESOURCES = {"cpu": "8", "memory": "32Gi"}
+#: A container's environment variable name, as the API server validates it (IsEnvVarName).
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,11 @@ class RayClusterOptions:
         RayService's to its clusters).
     :param annotations: extra annotations on the RayCluster or RayService.
     :param head_pod_template: a pod-template fragment merged over the head's.
-    :param worker_pod_template: a pod-template fragment merged over each TPU host's.
+    :param worker_pod_template: a pod-template fragment merged over each TPU host's. It may not change the
+        node selectors, TPU tolerations or ``google.com/tpu`` the slice shape renders, unless
+        ``override_tpu_placement``.
+    :param override_tpu_placement: let ``worker_pod_template`` change how TPU hosts are placed (the cluster
+        records what was changed in ``raytpu.dev/tpu-placement-overridden``).
     """
 
     image: str = DEFAULT_IMAGE
@@ -59,11 +66,15 @@ class RayClusterOptions:
     annotations: Mapping[str, str] | None = None
     head_pod_template: Mapping[str, Any] | None = None
     worker_pod_template: Mapping[str, Any] | None = None
+    override_tpu_placement: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.image, str) or not self.image.strip():
             raise InvalidInputError("image", self.image, "is not an image reference",
                                     f"Give an image such as {DEFAULT_IMAGE!r}")
+        if not isinstance(self.override_tpu_placement, bool):
+            raise InvalidInputError("override_tpu_placement", self.override_tpu_placement, "is not true or false",
+                                    "Write True or False")
         for name in ("ray_version", "service_account_name"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
@@ -79,10 +90,13 @@ class RayClusterOptions:
         self._check_metadata()
         given_env: Mapping[str, object] = self.env or {}  # as given, not yet checked: any value
         for key, value in given_env.items():
+            if not _templated(key) and not (isinstance(key, str) and _ENV_NAME.fullmatch(key)):
+                raise InvalidInputError(
+                    "env", key, "is not an environment variable name (Kubernetes takes letters, digits, '_', '-' "
+                    "and '.', not starting with a digit)", "Rename it, e.g. env={'LOG_LEVEL': 'info'}")
             if _templated(value):
                 continue
-            if not isinstance(key, str) or not key or not isinstance(value, (str, int, float)) or isinstance(
-                    value, bool):
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                 raise InvalidInputError(
                     f"env[{key!r}]", value, "is not a string (or a number)",
                     "Give every environment variable a string value, e.g. env={'LOG_LEVEL': 'info'}",
@@ -96,14 +110,15 @@ class RayClusterOptions:
             for key, value in (values or {}).items():
                 if _templated(key) or _templated(value):
                     continue  # rendered at run time, and checked then
-                problem = label_key_problem(key)
+                problem = label_key_problem(key) or reserved_key_problem(str(key))
                 if problem is None and field == "labels":
                     problem = label_value_problem(value)
                 elif problem is None and not isinstance(value, str):
                     problem = "is not a string"
                 if problem is not None:
                     raise InvalidInputError(f"{field}[{key!r}]", value, problem,
-                                            f"Write {field} as Kubernetes takes them, e.g. {{'team': 'ml-platform'}}")
+                                            f"Write {field} of your own, as Kubernetes takes them, e.g. "
+                                            f"{{'team': 'ml-platform'}}")
 
     def queued_in(self, queue: str | None) -> RayClusterOptions:
         """These options with the Kueue LocalQueue label (``None``: as they are).

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.merge import merge_fragment
+from airflow_provider_raytpu.manifests.names import KEY_PREFIX as KEY_PREFIX
+from airflow_provider_raytpu.manifests.names import MANAGED_BY as MANAGED_BY
+from airflow_provider_raytpu.manifests.names import MANAGED_BY_LABEL as MANAGED_BY_LABEL
 from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, label_value, resource_name
 from airflow_provider_raytpu.manifests.options import (
     DEFAULT_CLUSTER_OPTIONS,
@@ -22,12 +26,10 @@ from airflow_provider_raytpu.manifests.options import (
     DEFAULT_WORKER_RESOURCES,
     RayClusterOptions,
 )
+from airflow_provider_raytpu.manifests.placement import placement_changes
 from airflow_provider_raytpu.tpu import TPU_RESOURCE, TpuSlice
 
 API_VERSION = "ray.io/v1"
-KEY_PREFIX = "raytpu.dev/"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "airflow-provider-raytpu"
 DAG_ID_KEY = KEY_PREFIX + "dag-id"
 RUN_ID_KEY = KEY_PREFIX + "run-id"
 TASK_ID_KEY = KEY_PREFIX + "task-id"
@@ -37,6 +39,8 @@ SPEC_HASH_ANNOTATION = KEY_PREFIX + "spec-hash"
 ALSO_ADOPTS_ANNOTATION = KEY_PREFIX + "also-adopts"  # spec hashes an older release gave the same spec
 EXPIRES_AT_ANNOTATION = KEY_PREFIX + "expires-at"
 CAPACITY_TRIED_ANNOTATION = KEY_PREFIX + "capacity-tried"  # the capacity kinds a create task gave up
+#: Beside the slice annotation (which older releases parse strictly): what override_tpu_placement changed.
+TPU_PLACEMENT_OVERRIDDEN_ANNOTATION = KEY_PREFIX + "tpu-placement-overridden"
 ORIGINATED_FROM_LABEL = "ray.io/originated-from-cr-name"  # KubeRay's, on the RayClusters of a RayService
 
 DEFAULT_WORKER_GROUP = "tpu-slices"
@@ -216,10 +220,17 @@ def build_ray_cluster(
         _head_template(image, options.head_resources or DEFAULT_HEAD_RESOURCES, env, service_account_name),
         dict(options.head_pod_template or {}),
     )
-    worker_template = merge_fragment(
-        _worker_template(tpu, image, options.worker_resources or host_resources(tpu), env, service_account_name),
-        dict(options.worker_pod_template or {}),
-    )
+    rendered = _worker_template(tpu, image, options.worker_resources or host_resources(tpu), env,
+                                service_account_name)
+    worker_template = merge_fragment(rendered, dict(options.worker_pod_template or {}))
+    overridden = placement_changes(rendered, worker_template)
+    if overridden and not options.override_tpu_placement:
+        raise InvalidInputError(
+            "worker_pod_template", options.worker_pod_template,
+            f"changes how the TPU hosts are placed on their slice ({'; '.join(overridden)})",
+            "Leave the node selectors, TPU tolerations and google.com/tpu to accelerator, topology and capacity; "
+            f"or, to place the hosts yourself, set override_tpu_placement=True (the cluster then records what was "
+            f"overridden in {TPU_PLACEMENT_OVERRIDDEN_ANNOTATION})")
     spec: dict[str, Any] = {
         "enableInTreeAutoscaling": False,
         "headGroupSpec": {
@@ -240,7 +251,8 @@ def build_ray_cluster(
     }
     if version := options.ray_version or _ray_version_of(image):
         spec["rayVersion"] = version
-    return owned_resource("RayCluster", name, namespace, spec, tpu=tpu, options=options, origin=origin,
+    notes = {TPU_PLACEMENT_OVERRIDDEN_ANNOTATION: json.dumps(overridden)} if overridden else None
+    return owned_resource("RayCluster", name, namespace, spec, tpu=tpu, options=options, origin=origin, notes=notes,
                           expires_at=expires_at, also_adopts=[spec_hash(as_released_in_0_1(spec, tpu, options))])
 
 

@@ -174,6 +174,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         resize_interval: float = 60.0,
         **kwargs: Any,
     ) -> None:
+        check_literal(checkpoint_uri, lambda value: check_not_empty(value, "checkpoint_uri", "'gs://bucket/checkpoints'"))
         kwargs.setdefault("outlets", asset_for(checkpoint_uri))
         if (batch_size is None) != (ragged_policy is None):
             raise InvalidInputError(
@@ -188,7 +189,6 @@ class JaxTrainerOperator(SubmitRayJobOperator):
             check_literal_slice(accelerator or "", topology or "", _most(num_slices), spot, chips_per_host, capacity)
         profile_window(profile_steps)
         check_literal(train_loop, lambda value: check_import_path(value, "train_loop"))
-        check_literal(checkpoint_uri, lambda value: check_not_empty(value, "checkpoint_uri", "'gs://bucket/checkpoints'"))
         super().__init__(entrypoint="", **kwargs)
         self.train_loop = train_loop
         self.checkpoint_uri = checkpoint_uri

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import keyword
 from typing import Any
 
 
@@ -13,8 +14,9 @@ def split_import_path(path: str) -> tuple[str, str]:
     :param path: the import path, e.g. ``"pipeline.transforms:normalise"``.
     """
     module, sep, name = (path or "").partition(":")
-    if not sep or not module or not name or " " in path:
-        raise ValueError(f"{path!r} is not an import path: write 'package.module:name'")
+    parts = [*module.split("."), *name.split(".")]
+    if not sep or not all(part.isidentifier() and not keyword.iskeyword(part) for part in parts):
+        raise ValueError(f"{path!r} is not an import path: write 'package.module:name' (Python names, dotted)")
     return module, name
 
 

@@ -100,3 +100,27 @@ def test_the_shared_async_client_refreshes_gke_tokens_in_place(gke: tuple[FakeKu
     issued = len(google.tokens)
     assert asyncio.run(run()) == ("READY", 1)
     assert len(set(google.tokens)) - issued >= 2, "tokens were fetched again for the same client"
+
+
+@pytest.mark.parametrize("backend_kind", ["gke", "kubernetes"])
+def test_every_sync_request_ends_and_a_retry_after_is_capped(gke: tuple[FakeKubeApiServer, GoogleStub],
+                                                            backend_kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request on a connection that never answers ends after the request timeout (the GKE hook's client sets
+    none), and urllib3, which obeys a 429's Retry-After under the sync client, waits at most RETRY_AFTER_CAP."""
+    from urllib3.exceptions import MaxRetryError, ReadTimeoutError
+
+    from airflow_provider_raytpu.backends.kuberay.clients import RETRY_AFTER_CAP, KubeClients
+
+    kube, _ = gke
+    if backend_kind == "kubernetes":
+        monkeypatch.setenv("AIRFLOW_CONN_KUBE_TEST", kube.airflow_connection("ml"))
+        monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", json.dumps({"conn_type": "raytpu", "extra": {
+            "backend": "kubernetes", "kubernetes_conn_id": "kube_test", "namespace": "ml"}}))
+    clients = KubeClients(RayTpuHook().settings, request_timeout=1)
+    pool_retries = clients.api_client.rest_client.pool_manager.connection_pool_kw["retries"]
+    assert (pool_retries.total, pool_retries.retry_after_max) == (3, RETRY_AFTER_CAP)
+    kube.create_object(manifest())
+    kube.stall("GET", r"/rayclusters/train$", 5, times=None)  # answered, but only after 5 s
+    with pytest.raises((ReadTimeoutError, MaxRetryError)):  # each of urllib3's 4 tries ended after 1 s
+        clients.custom_objects.get_namespaced_custom_object("ray.io", "v1", "ml", "rayclusters", "train")
+    assert kube.count("GET", r"/rayclusters/train$") == 4

@@ -116,7 +116,7 @@ def test_dashboard_urls(backend: KubeRayBackend, kube: FakeKubeApiServer, monkey
     )
     from tests.support.kube_connection import raytpu_connection
 
-    monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(dashboard="dns"))
+    monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(dashboard="dns", insecure_dashboard_http=True))
     assert RayTpuHook().backend.dashboard("train", "ml").url == "http://train-head-svc.ml.svc.cluster.local:8265"
     monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT",
                        raytpu_connection(dashboard="url", dashboard_url="https://ray.example.com/{namespace}/{cluster_name}"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +37,7 @@ EVERY_OPTION = RayClusterOptions(
                                   "containers": [{"name": "ray-worker",
                                                   "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}],
                                   "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]}},
+    override_tpu_placement=True,  # allowed, not used: the template above leaves the TPU placement alone
 )
 LLM_APP = {"name": "chat", "import_path": "ray.serve.llm:build_openai_app",
            "args": {"llm_configs": [{"model_loading_config": {"model_id": "m", "model_source": "gs://b/m"}}]},
@@ -133,6 +135,14 @@ def test_options_given_twice_or_unknown_are_refused_when_the_dag_is_parsed(
         ({"ray_version": 2.6}, "ray_version", "is not a string"),
         ({"worker_resources": "{'cpu': '8'}"}, "worker_resources", "render_template_as_native_obj=True"),
         ({"env": ["A=1"]}, "env", "is not a mapping"),
+        ({"env": {"A=B": "x"}}, "env", "'A=B': is not an environment variable name"),
+        ({"env": {"1ST": "x"}}, "env", "not starting with a digit"),
+        ({"labels": {"app.kubernetes.io/managed-by": "me"}}, "labels['app.kubernetes.io/managed-by']",
+         "is the label this provider finds its own objects by"),
+        ({"annotations": {"raytpu.dev/map-index": "0"}}, "annotations['raytpu.dev/map-index']",
+         "is under 'raytpu.dev/', where this provider records an object's owner"),
+        ({"labels": {"ray.io/originated-from-cr-name": "chat"}}, "labels['ray.io/originated-from-cr-name']",
+         "is under 'ray.io/', which KubeRay reads and writes"),
         ({"worker_group": "x"}, "cluster_options", "are not cluster options"),
         ("{'image': 'ray:a'}", "cluster_options", "render_template_as_native_obj=True"),
     ],
@@ -141,6 +151,17 @@ def test_rendered_options_of_the_wrong_type_name_the_field_and_the_fix(value: An
     with pytest.raises(InvalidInputError) as info:
         RayClusterOptions.from_value(value)
     assert info.value.field == field and text in str(info.value)
+
+
+def test_a_reserved_key_written_literally_fails_when_the_dag_is_parsed() -> None:
+    from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
+
+    with pytest.raises(InvalidInputError, match="Write annotations of your own"):
+        CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="2x2",
+                                 annotations={"raytpu.dev/also-adopts": "[]"})
+    kept = RayClusterOptions(labels={"kueue.x-k8s.io/queue-name": "tpu", "team": "ml"},
+                             annotations={"example.com/note": "ray.io/x"})  # Kueue's and others' keys are the user's
+    assert kept.labels == {"kueue.x-k8s.io/queue-name": "tpu", "team": "ml"}
 
 
 def test_both_operators_take_the_options_flat_or_as_one_value() -> None:
@@ -166,3 +187,37 @@ def test_both_operators_take_the_options_flat_or_as_one_value() -> None:
     for operator in (flat, deploy):
         assert "cluster_options" in operator.template_fields
         assert not set(OPTION_NAMES) & set(operator.template_fields), "one rule: the options are templated as one"
+
+
+@pytest.mark.parametrize(("fragment", "changed"), [
+    ({"spec": {"nodeSelector": {"cloud.google.com/gke-tpu-topology": "2x2"}}},
+     "nodeSelector['cloud.google.com/gke-tpu-topology']: '4x4' -> '2x2'"),
+    ({"spec": {"nodeSelector": None}}, "nodeSelector['cloud.google.com/gke-tpu-accelerator']: 'tpu-v6e-slice' -> None"),
+    ({"spec": {"tolerations": None}}, "toleration 'google.com/tpu' (NoSchedule) dropped or changed"),
+    ({"spec": {"tolerations": [{"key": "google.com/tpu", "operator": "Equal", "value": "v5p"}]}},
+     "toleration 'google.com/tpu' (NoSchedule) dropped or changed"),
+    ({"spec": {"containers": [{"name": "ray-worker", "resources": {"limits": {"google.com/tpu": "1"}}}]}},
+     "ray-worker/limits google.com/tpu: '4' -> '1'"),
+    ({"spec": {"containers": [{"name": "sidecar", "resources": {"requests": {"google.com/tpu": "4"}}}]}},
+     "sidecar/requests google.com/tpu: None -> '4'"),
+], ids=["topology", "no-selectors", "no-toleration", "other-toleration", "fewer-chips", "chips-elsewhere"])
+def test_a_worker_template_that_moves_the_tpu_hosts_is_refused_unless_the_task_opts_in(
+        fragment: dict[str, Any], changed: str) -> None:
+    tpu = TpuSlice("v6e", "4x4")
+    with pytest.raises(InvalidInputError) as info:
+        build_ray_cluster(name="train", namespace="ml", tpu=tpu,
+                          options=RayClusterOptions(worker_pod_template=fragment))
+    assert info.value.field == "worker_pod_template" and changed in str(info.value)
+    assert "set override_tpu_placement=True" in str(info.value)
+    cluster = build_ray_cluster(name="train", namespace="ml", tpu=tpu, options=RayClusterOptions(
+        worker_pod_template=fragment, override_tpu_placement=True))
+    assert changed in json.loads(cluster["metadata"]["annotations"]["raytpu.dev/tpu-placement-overridden"])
+
+
+def test_a_worker_template_that_adds_to_the_placement_is_the_users_own() -> None:
+    added = {"spec": {"nodeSelector": {"topology.kubernetes.io/zone": "us-east5-b"},
+                      "tolerations": [{"key": "team", "operator": "Exists", "effect": "NoSchedule"}],
+                      "containers": [{"name": "sidecar", "image": "busybox"}]}}
+    cluster = build_ray_cluster(name="train", namespace="ml", tpu=TpuSlice("v6e", "4x4"),
+                                options=RayClusterOptions(worker_pod_template=added))
+    assert "raytpu.dev/tpu-placement-overridden" not in cluster["metadata"]["annotations"]

@@ -95,9 +95,26 @@ def test_connection_settings() -> None:
         ({"backend": "kubernetes", "namespaces": "ml"}, "extra"),
         ({"backend": "local", "local_max_hosts": "many"}, "extra.local_max_hosts"),
         ({"backend": "local", "chip_hour_prices": {"v6e": 2.7}}, "extra.chip_hour_prices"),
+        ({"backend": "kubernetes", "dashboard": "dns"}, "extra.dashboard"),
+        ({"backend": "gke", "project_id": "p", "location": "l", "cluster": "c", "dashboard": "url",
+          "dashboard_url": "http://ray.internal/{cluster_name}"}, "extra.dashboard_url"),
     ],
 )
 def test_bad_connection_settings_name_the_field(extra: dict, field: str) -> None:
     with pytest.raises(InvalidInputError) as info:
         ConnectionSettings.from_extra("raytpu_default", extra)
     assert info.value.field == f"connection 'raytpu_default' {field}"
+
+
+def test_the_ray_token_goes_over_plain_http_only_when_the_connection_opts_in() -> None:
+    with pytest.raises(InvalidInputError) as info:
+        ConnectionSettings.from_extra("raytpu_default", {"backend": "kubernetes", "dashboard": "dns"})
+    assert str(info.value) == (
+        "connection 'raytpu_default' extra.dashboard='dns': would send each cluster's Ray token over plain http, "
+        "where anyone on the path reads it. Reach dashboards through the API server (dashboard 'proxy', the "
+        "default) or an https dashboard_url; or, on a network you trust, set insecure_dashboard_http to true (or "
+        "ray_token_auth to false)")
+    for kept in ({"dashboard": "dns", "insecure_dashboard_http": "true"}, {"dashboard": "dns", "ray_token_auth": False},
+                 {"dashboard": "url", "dashboard_url": "https://ray.example.com/{cluster_name}"}, {}):
+        settings = ConnectionSettings.from_extra("raytpu_default", {"backend": "kubernetes", **kept})
+        assert settings.backend == "kubernetes"

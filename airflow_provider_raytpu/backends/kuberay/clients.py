@@ -9,6 +9,11 @@ handling is written here.
 The sync client is one per backend (one per task in a worker). The async client is one per
 connection per event loop, shared by every trigger of the triggerer
 (:class:`~airflow_provider_raytpu.backends.kuberay.shared_client.SharedApiClient`).
+
+Every sync request has a timeout on both backends (the cncf hook's ``API_TIMEOUT``, as its own client
+sets; the GKE hook's client sets none, so a half-open connection would hang a teardown for ever), and the
+Retry-After that urllib3 obeys under the sync client is capped at :data:`RETRY_AFTER_CAP` seconds (urllib3's
+own cap is 6 hours).
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import API_TIMEOUT
 from kubernetes import client as k8s
+from urllib3.util.retry import Retry
 
 from airflow_provider_raytpu.backends.kuberay.shared_client import SharedApiClient
 from airflow_provider_raytpu.loop_shared import loop_shared
@@ -28,6 +35,52 @@ if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s_async
 
     from airflow_provider_raytpu.connection import ConnectionSettings
+
+
+#: The longest wait a Retry-After answer gets, in seconds: the API server's own 429s ask for 1 s; a proxy's
+#: "come back in an hour" must not hold a teardown that long.
+RETRY_AFTER_CAP = 30
+
+
+def capped_retries() -> Retry:
+    """urllib3's default retries under the sync client (3), with Retry-After capped at :data:`RETRY_AFTER_CAP`."""
+    return Retry(total=3, retry_after_max=RETRY_AFTER_CAP)
+
+
+class TimeoutApiClient(k8s.ApiClient):  # type: ignore[misc]  # kubernetes ships no types
+    """A sync client whose every request has a timeout, as the cncf hook's own client has (its private
+    ``_TimeoutK8sApiClient``): ``request_timeout`` seconds. (The sync client never watches: watches are the
+    triggers', on the async client.)
+
+    :param configuration: the authenticated configuration.
+    :param request_timeout: seconds a request may take.
+    """
+
+    def __init__(self, configuration: k8s.Configuration, request_timeout: float = API_TIMEOUT) -> None:
+        super().__init__(configuration)
+        self.request_timeout = request_timeout
+
+    def call_api(self, *args: Any, **kwargs: Any) -> Any:
+        # The generated methods pass _request_timeout=None explicitly: None means "for ever".
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = self.request_timeout
+        return super().call_api(*args, **kwargs)
+
+
+Hook = TypeVar("Hook", bound=KubernetesHook)
+
+
+def timed(hook_class: type[Hook], request_timeout: float) -> type[Hook]:
+    """``hook_class`` whose client is a :class:`TimeoutApiClient` with :func:`capped_retries`, on the
+    configuration (credentials, CA, token refresh) the hook made."""
+
+    class TimedHook(hook_class):  # type: ignore[valid-type,misc]  # a class made at run time
+        def get_conn(self) -> k8s.ApiClient:
+            configuration = super().get_conn().configuration
+            configuration.retries = capped_retries()
+            return TimeoutApiClient(configuration, request_timeout)
+
+    return TimedHook
 
 
 def _rest_gke_hook(settings: ConnectionSettings) -> Any:
@@ -107,8 +160,9 @@ class KubeClients:
     :param settings: the parsed ``raytpu`` connection (backend ``kubernetes`` or ``gke``).
     """
 
-    def __init__(self, settings: ConnectionSettings) -> None:
+    def __init__(self, settings: ConnectionSettings, request_timeout: float = API_TIMEOUT) -> None:
         self.settings = settings
+        self.request_timeout = request_timeout
         self._gke_endpoint: tuple[str, str] | None = None
 
     def gke_endpoint(self) -> tuple[str, str]:
@@ -124,21 +178,21 @@ class KubeClients:
             from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesHook
 
             url, ca = self.gke_endpoint()
-            return GKEKubernetesHook(
+            return timed(GKEKubernetesHook, self.request_timeout)(
                 cluster_url=url,
                 ssl_ca_cert=ca,
                 use_dns_endpoint=self.settings.use_dns_endpoint,
                 gcp_conn_id=self.settings.gcp_conn_id,
                 impersonation_chain=self.settings.impersonation_chain,
             )
-        return KubernetesHook(
+        return timed(KubernetesHook, self.request_timeout)(
             conn_id=self.settings.kubernetes_conn_id or KubernetesHook.default_conn_name,
-            client_configuration=k8s.Configuration(),
-        )
+            client_configuration=k8s.Configuration())
 
     @property
     def api_client(self) -> k8s.ApiClient:
-        """The authenticated sync client (made once; GKE tokens refresh on every request)."""
+        """The authenticated sync client (made once; GKE tokens refresh on every request), a
+        :class:`TimeoutApiClient`."""
         return self.hook.api_client
 
     def close(self) -> None:

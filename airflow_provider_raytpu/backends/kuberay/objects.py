@@ -30,6 +30,7 @@ from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiExcepti
 
 from airflow_provider_raytpu.backends.apply import AlreadyExists, StaleWrite
 from airflow_provider_raytpu.backends.base import ChangedSinceChecked, Precondition
+from airflow_provider_raytpu.backends.kuberay.clients import RETRY_AFTER_CAP
 from airflow_provider_raytpu.errors import FatalError, PermissionDeniedError
 
 if TYPE_CHECKING:
@@ -54,11 +55,26 @@ def is_transient(exc: BaseException) -> bool:
                             ConnectionError, asyncio.TimeoutError))
 
 
+class CappedWait(tenacity.wait.wait_base):
+    """The cncf hook's wait (a 429's Retry-After, else exponential), never longer than ``cap`` seconds.
+
+    :param cap: the longest wait.
+    """
+
+    def __init__(self, cap: float = RETRY_AFTER_CAP) -> None:
+        self.cap = cap
+        self.inner = WaitRetryAfterOrExponential()
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        return min(float(self.inner(retry_state)), self.cap)
+
+
 def api_retry(attempts: int = 6) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """Retry transient API errors (429 honouring Retry-After, 5xx, dropped connections); never other 4xx."""
+    """Retry transient API errors (429 honouring Retry-After up to :data:`RETRY_AFTER_CAP` seconds, 5xx, dropped
+    connections); never other 4xx."""
     return tenacity.retry(
         stop=tenacity.stop_after_attempt(attempts),
-        wait=WaitRetryAfterOrExponential(),
+        wait=CappedWait(),
         retry=tenacity.retry_if_exception(is_transient),
         reraise=True,
         before_sleep=tenacity.before_sleep_log(log, logging.WARNING),

@@ -181,9 +181,14 @@ class LocalBackend(ClusterBackend):
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def check(self) -> str:
+    @staticmethod
+    def ray_version() -> str:
+        """The Ray this machine runs clusters with.
+
+        :raises FatalError: Ray is not installed (the provider's ``local`` extra brings it).
+        """
         try:
-            version = importlib.metadata.version("ray")
+            version: str | None = importlib.metadata.version("ray")
         except importlib.metadata.PackageNotFoundError:
             version = None
         if version is None or importlib.util.find_spec("ray.scripts.scripts") is None:
@@ -191,6 +196,10 @@ class LocalBackend(ClusterBackend):
                 "The local backend runs Ray on this machine, but Ray is not installed in "
                 f"{sys.executable}: pip install 'airflow-provider-raytpu[local]'"
             )
+        return version
+
+    def check(self) -> str:
+        version = self.ray_version()
         self.clusters_root.mkdir(parents=True, exist_ok=True)
         if not os.access(self.clusters_root, os.W_OK):
             raise FatalError(f"The local backend cannot write its state directory {self.clusters_root}")
@@ -205,6 +214,7 @@ class LocalBackend(ClusterBackend):
         )
 
     def apply_cluster(self, manifest: dict[str, Any], *, update_if_exists: bool = False) -> ApplyResult:
+        self.ray_version()  # before anything is written: a cluster without Ray would only fail later
         plan = plan_cluster(manifest, self.settings.local_max_hosts)
         name, namespace = plan.name, plan.namespace
         if queue := queue_of(manifest):

@@ -135,3 +135,38 @@ def test_a_job_task_runs_from_a_base_install_without_ray(base_venv: Path, cluste
                                       provider_uri]
     assert provider_uri.removeprefix("gcs://").removesuffix(".zip") in result["provider_from"]
     assert proxied_uploads == 3, "each package went up once, through the API server's proxy"
+
+
+LOCAL_CREATE = """
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
+
+with DAG("base_install_local", schedule=None, start_date=datetime(2026, 1, 1), default_args={"retries": 2}):
+    CreateRayClusterOperator(task_id="create_cluster", accelerator="v6e", topology="2x2")
+"""
+RUN_CREATE = RUN.replace('"base_install"', '"base_install_local"').replace(
+    'xcom_pull(task_ids="job")', 'try_number')
+
+
+def test_the_local_backend_without_ray_fails_the_create_task_naming_the_extra(base_venv: Path,
+                                                                             tmp_path: Path) -> None:
+    python = base_venv / "bin" / "python"
+    home = tmp_path / "airflow"
+    (home / "dags").mkdir(parents=True)
+    (home / "dags" / "base_install_local.py").write_text(LOCAL_CREATE)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update({"AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+                "AIRFLOW_CONN_RAYTPU_DEFAULT": json.dumps({"conn_type": "raytpu", "extra": {
+                    "backend": "local", "local_home": str(tmp_path / "raytpu")}})})
+    done = subprocess.run([str(python), "-c", RUN_CREATE, str(home / "dags")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("OUTCOME ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
+    outcome = json.loads(lines[-1].removeprefix("OUTCOME "))
+    assert (outcome["state"], outcome["result"], outcome["ray_installed"]) == ("failed", 1, False), outcome
+    assert "The local backend runs Ray on this machine, but Ray is not installed in " in done.stdout
+    assert "pip install 'airflow-provider-raytpu[local]'" in done.stdout
+    assert not (tmp_path / "raytpu" / "clusters").exists() or not any((tmp_path / "raytpu" / "clusters").rglob(
+        "*.json")), "nothing was written for the cluster"

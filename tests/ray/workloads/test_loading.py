@@ -9,7 +9,7 @@ from airflow_provider_raytpu.workloads.loading import check_importable, load_obj
 
 def test_split() -> None:
     assert split_import_path("pipeline.transforms:normalise") == ("pipeline.transforms", "normalise")
-    for bad in ("pipeline.transforms", ":f", "m:", "a b:c", ""):
+    for bad in ("pipeline.transforms", ":f", "m:", "a b:c", "", "not.a.module:fn", "mod:1fn", "m:f.", "m..n:f"):
         with pytest.raises(ValueError, match="is not an import path"):
             split_import_path(bad)
 
