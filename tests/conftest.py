@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
 
 _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="raytpu-airflow-"))
 (_AIRFLOW_HOME / "dags").mkdir()
@@ -19,6 +20,8 @@ os.environ.update(
         "AIRFLOW_HOME": str(_AIRFLOW_HOME),
         "AIRFLOW__CORE__DAGS_FOLDER": str(_AIRFLOW_HOME / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        # As every deployment has one (a job task seals its secrets for the triggerer with it).
+        "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME}/airflow.db",
         # The test DAGs are written for a deployment with a triggerer: sensors and job tasks defer
         # unless a test says otherwise (Airflow's own default is False).

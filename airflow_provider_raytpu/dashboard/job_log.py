@@ -111,7 +111,17 @@ def job_message(message: str | None) -> str:
 
     :param message: the ``message`` of the job's details.
     """
-    return mask_secret_arguments(_RAY_LOG_TAIL.sub("", message or ""))
+    return mask_secret_arguments(strip_ansi(_RAY_LOG_TAIL.sub("", message or "")))
+
+
+def shown_tail(log: str, lines: int) -> str:
+    """The last ``lines`` lines of a job's log as a task's error shows them: :func:`readable_lines` (no escape
+    codes or redraws), secret arguments by their keys.
+
+    :param log: the log, or its end.
+    :param lines: how many lines.
+    """
+    return "\n".join(mask_secret_arguments(line) for line in readable_lines(log)[-lines:])
 
 
 def shown_entrypoint(command: str) -> str:

@@ -100,16 +100,32 @@ def check_literal(value: Any, check: Callable[[Any], object]) -> None:
         check(value)
 
 
-def mask_secret_values(values: Mapping[str, Any] | None) -> None:
+def mask_secret_values(values: Mapping[str, Any] | None) -> list[str]:
     """Register with Airflow's secrets masker the values, nested too, of keys that look secret (Airflow's
     own list: ``api_key``, ``password``, ``token``, ``secret``, ...): every log of the task shows them as ``***``.
 
     :param values: e.g. a training config or a job's environment variables.
+    :returns: those values, as the masker hides them (what another process, the triggerer, registers again).
     """
-    if values:
-        from airflow.sdk.log import mask_secret
+    if not values:
+        return []
+    from airflow.sdk.log import mask_secret
 
-        mask_secret(dict(values))
+    from airflow_provider_raytpu.compat import redact
+
+    mask_secret(dict(values))
+    return hidden_leaves(dict(values), redact(dict(values)))
+
+
+def hidden_leaves(given: Any, shown: Any) -> list[str]:
+    """The values in ``given`` that ``shown`` (the same structure, as Airflow's ``redact`` shows it) hides."""
+    if isinstance(given, Mapping) and isinstance(shown, Mapping):
+        return [leaf for key, value in given.items() for leaf in hidden_leaves(value, shown.get(key))]
+    if isinstance(given, (list, tuple)) and isinstance(shown, (list, tuple)):
+        return [leaf for value, seen in zip(given, shown, strict=False) for leaf in hidden_leaves(value, seen)]
+    if given is None or isinstance(given, bool) or shown == given:
+        return []
+    return [str(given)]
 
 
 def mark_outlets(task: Any, extras: Mapping[str, Any]) -> None:

@@ -16,7 +16,6 @@ from airflow_provider_raytpu.operators.base import (
     check_not_empty,
     is_templated,
     mark_outlets,
-    mask_secret_values,
 )
 from airflow_provider_raytpu.operators.lineage import checkpoint_directory, storage_dataset, task_lineage
 from airflow_provider_raytpu.operators.links import (
@@ -224,10 +223,12 @@ class JaxTrainerOperator(SubmitRayJobOperator):
                 f"has {tpu.num_slices}", f"Write num_slices=({min(slices[0], tpu.num_slices)}, {tpu.num_slices})")
         return slices
 
+    def secret_mappings(self) -> list[Mapping[str, Any] | None]:
+        return [*super().secret_mappings(), self.config]
+
     def prepare_entrypoint(self, context: Context) -> None:
         check_import_path(self.train_loop, "train_loop")
         check_not_empty(self.checkpoint_uri, "checkpoint_uri", "'gs://bucket/checkpoints'")
-        mask_secret_values(self.config)
         window = profile_window(self.profile_steps)
         tpu = self.cluster_tpu(self.jobs.cluster_name, self.jobs.namespace, self.given_tpu())
         slices = self.slice_range(tpu)

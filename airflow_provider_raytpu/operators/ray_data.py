@@ -15,7 +15,6 @@ from airflow_provider_raytpu.operators.base import (
     is_templated,
     map_index_of,
     mark_outlets,
-    mask_secret_values,
 )
 from airflow_provider_raytpu.operators.lineage import storage_dataset, task_lineage
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
@@ -122,10 +121,12 @@ class RayDataOperator(SubmitRayJobOperator):
         self.transform_kwargs = transform_kwargs
         self.batch_format = batch_format
 
+    def secret_mappings(self) -> list[Mapping[str, Any] | None]:
+        return [*super().secret_mappings(), self.transform_kwargs]
+
     def prepare_entrypoint(self, context: Context) -> None:
         check_output_apart(self.input_uri, self.output_uri)
         check_import_path(self.transform, "transform")
-        mask_secret_values(self.transform_kwargs)
         if self.actor_per_tpu_host:
             tpu = self.cluster_tpu(self.jobs.cluster_name, self.jobs.namespace)
             self.concurrency, self.num_tpus_per_actor = tpu.total_hosts, tpu.host_chips

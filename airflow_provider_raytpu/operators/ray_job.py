@@ -17,9 +17,9 @@ from airflow_provider_raytpu.dashboard.job_log import (
     JobLogFollower,
     closing_line,
     job_message,
-    mask_secret_arguments,
     returned,
     shown_entrypoint,
+    shown_tail,
 )
 from airflow_provider_raytpu.dashboard.outage import DEFAULT_UNREACHABLE_GRACE, DashboardUnreachableError
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, TERMINAL, JobIdentity, RayJobsHook
@@ -34,7 +34,7 @@ from airflow_provider_raytpu.operators.cluster_ready import ClusterReadyWait
 from airflow_provider_raytpu.operators.job_tries import job_identity, same_cycle, stop_leftovers, will_be_retried
 from airflow_provider_raytpu.operators.links import RayJobLink, dashboard_url, push_link
 from airflow_provider_raytpu.progress import LogPace
-from airflow_provider_raytpu.triggers.ray_job import RayJobTrigger
+from airflow_provider_raytpu.triggers.ray_job import RayJobTrigger, seal_secrets
 from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, last_result
 
 if TYPE_CHECKING:
@@ -178,9 +178,17 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
         """Show ``command`` as the rendered entrypoint; JSON arguments that may hold secrets by their keys only."""
         self.entrypoint = shown_entrypoint(command)
 
+    def secret_mappings(self) -> list[Mapping[str, Any] | None]:
+        """What may hold secrets by its keys: the job's environment variables (a subclass adds its own)."""
+        return [(self.runtime_env or {}).get("env_vars")]
+
+    def mask_secrets(self) -> list[str]:
+        """Register the task's secret values with Airflow's masker in this process (the worker that submits, and
+        the one that resumes after a deferral); the values, for the trigger to register in the triggerer."""
+        return [secret for values in self.secret_mappings() for secret in mask_secret_values(values)]
+
     def job_runtime_env(self) -> dict[str, Any]:
         env = dict(self.runtime_env or {})
-        mask_secret_values(env.get("env_vars"))
         if self.ship_provider:
             modules = list(env.get("py_modules") or [])
             if str(PACKAGE_DIR) not in modules:
@@ -212,7 +220,9 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
             return self._run(context)
 
     def _run(self, context: Context) -> Any:
+        secrets = self.mask_secrets()
         with fail_fast():
+            sealed = seal_secrets(secrets) if self.deferrable else None
             self.prepare_entrypoint(context)
             command = self.entrypoint_command()
             self.show_entrypoint(command)
@@ -235,6 +245,7 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
                     raytpu_conn_id=self.conn_id,
                     poll_interval=self.poll_interval,
                     unreachable_grace_period=self.unreachable_grace_period,
+                    sealed_secrets=sealed,
                 ),
                 method_name="execute_complete",
             )
@@ -305,6 +316,7 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
             time.sleep(min(self.poll_interval, pace.seconds_left()))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        self.mask_secrets()  # a new process: what the submitting one registered is not registered here
         with self._task_clients():
             self.submission_id = event["submission_id"]
             if event["status"] == "ERROR":
@@ -322,7 +334,7 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
         message = job_message(message)
         self.log.error("%s", closing_line(submission_id, status, self.jobs.wall_seconds(submission_id),
                                           message or "no message"))
-        tail = mask_secret_arguments("\n".join(logs.splitlines()[-LOG_TAIL_LINES:]))
+        tail = shown_tail(logs, LOG_TAIL_LINES)
         text = f"Ray job {submission_id} {status}: {message}\n--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
         if status == "FAILED" and self.jobs.info(submission_id).driver_exit_code == EXIT_BAD_INPUT:
             raise AirflowFailException(f"{text}\nThe job exited with code {EXIT_BAD_INPUT} (bad input): not retried")

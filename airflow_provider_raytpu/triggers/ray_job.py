@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_raytpu.dashboard.job_log import JobLogFollower, job_message, mask_secret_arguments
+from airflow_provider_raytpu.dashboard.job_log import JobLogFollower, job_message, shown_tail
 from airflow_provider_raytpu.dashboard.outage import DEFAULT_UNREACHABLE_GRACE, Outage
+from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.hooks.ray_jobs import TERMINAL, RayJobsHook
 from airflow_provider_raytpu.progress import LogPace
 from airflow_provider_raytpu.workloads.result import RESULT_PREFIX, last_result
@@ -29,6 +31,34 @@ LOG_OFFSET_KEY = "raytpu_job_log_offset"
 LOG_TAIL_LINES = 50
 #: Failed saves in a row after which held lines are written anyway (a restart may repeat them).
 SAVE_FAILURES_BEFORE_WRITING = 3
+
+
+def seal_secrets(secrets: list[str]) -> str | None:
+    """``secrets`` encrypted with Airflow's Fernet key (``[core] fernet_key``, which the worker and the
+    triggerer share), for a trigger's arguments: Airflow 3 stores those as the task sends them, in plain JSON.
+    Without a key, Airflow's own rule: stored as they are, with Airflow's warning."""
+    if not secrets:
+        return None
+    from airflow.sdk.crypto import get_fernet
+
+    try:
+        fernet = get_fernet()
+    except Exception as exc:  # a key that is not one: Airflow raises, naming no setting
+        raise FatalError(
+            f"Airflow's [core] fernet_key cannot seal the task's secrets for the triggerer ({exc}). Set it to a "
+            "key from: python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())' "
+            "(the same on workers and triggerers), or run the task without deferring (deferrable=False)") from exc
+    return fernet.encrypt(json.dumps(secrets).encode()).decode()
+
+
+def unseal_secrets(sealed: str | None) -> list[str]:
+    """What :func:`seal_secrets` sealed."""
+    if not sealed:
+        return []
+    from airflow.sdk.crypto import get_fernet
+
+    found: list[str] = json.loads(get_fernet().decrypt(sealed.encode()))
+    return found
 
 
 class RayJobTrigger(BaseTrigger):
@@ -60,11 +90,15 @@ class RayJobTrigger(BaseTrigger):
     :param poll_interval: seconds between reads of the job's status.
     :param logged_chars: how much of the job's log the task has already written.
     :param unreachable_grace_period: seconds the job's status may be unreadable before the trigger gives up.
+    :param sealed_secrets: the task's secret values, sealed by :func:`seal_secrets` (Airflow stores a trigger's
+        arguments as they are given): registered with the triggerer's masker, so the job's lines, the event and
+        its log tail show them as ``***``.
     """
 
     def __init__(self, submission_id: str, cluster_name: str, namespace: str, raytpu_conn_id: str,
                  poll_interval: float = 2.0, logged_chars: int = 0,
-                 unreachable_grace_period: float = DEFAULT_UNREACHABLE_GRACE) -> None:
+                 unreachable_grace_period: float = DEFAULT_UNREACHABLE_GRACE,
+                 sealed_secrets: str | None = None) -> None:
         super().__init__()
         self.submission_id = submission_id
         self.cluster_name = cluster_name
@@ -73,6 +107,8 @@ class RayJobTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.logged_chars = logged_chars
         self.unreachable_grace_period = unreachable_grace_period
+        self.sealed_secrets = sealed_secrets
+        self.secrets: list[str] = []
         self._unwritten = ""
         self._tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._result_line: str | None = None
@@ -94,14 +130,30 @@ class RayJobTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "logged_chars": self.logged_chars,
                 "unreachable_grace_period": self.unreachable_grace_period,
+                "sealed_secrets": self.sealed_secrets,
             },
         )
+
+    def __repr__(self) -> str:
+        classpath, kwargs = self.serialize()
+        return str(self.repr(classpath, {**kwargs, "sealed_secrets": "<sealed>" if self.sealed_secrets else None}))
 
     @property
     def hook(self) -> RayJobsHook:
         return RayJobsHook(self.cluster_name, self.namespace, self.raytpu_conn_id)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow.sdk.log import amask_secret
+
+        try:
+            self.secrets = unseal_secrets(self.sealed_secrets)
+        except Exception as exc:  # never follow the job unmasked
+            yield TriggerEvent(self._event("ERROR", (
+                f"Ray job {self.submission_id}: this triggerer cannot unseal the task's secrets ({type(exc).__name__}"
+                "): its [core] fernet_key is not the workers'. Set the same key on workers and triggerers")))
+            return
+        for secret in self.secrets:  # this process (a triggerer, perhaps a restarted one) knew none of them
+            await amask_secret(secret)
         hook = self.hook
         self.logged_chars = max(self.logged_chars, await self._saved_offset())
         from_start = self.logged_chars == 0
@@ -114,6 +166,8 @@ class RayJobTrigger(BaseTrigger):
                 event["log_tail"] = "\n".join(self._tail)  # a success's tail would repeat lines in the log
             if from_start or self._result_line is not None:
                 event["result"] = last_result(self._result_line or "")
+        # The event is stored and logged outside this process's masker: what it says is masked here.
+        event = {key: self._masked(value) if key in ("message", "log_tail") else value for key, value in event.items()}
         # Everything is closed before the event goes out: a consumer that takes only the first
         # event and never resumes this generator (``dag.test()``) leaves nothing open behind.
         yield TriggerEvent(event)
@@ -230,14 +284,22 @@ class RayJobTrigger(BaseTrigger):
             again += 1
         for line in lines:
             line = line.rstrip("\r")
-            self._tail.append(mask_secret_arguments(line))
+            self._tail.extend(shown_tail(line, 1).splitlines())
             if RESULT_PREFIX in line and last_result(line) is not None:
                 self._result_line = line
         for mark, part in (("[ray job, again]", lines[:again]), ("[ray job]", lines[again:])):
             for line in self._shown.shown("\n".join(part)) if part else ():
-                self.log.info("%s %s", mark, line)
+                self.log.info("%s %s", mark, self._masked(line))
                 self._pace.quiet()
         self.logged_chars += chars
+
+    def _masked(self, text: str) -> str:
+        """``text`` through the masker (which run() taught the task's secrets), whatever the logging set-up."""
+        if not self.secrets:
+            return text
+        from airflow_provider_raytpu.compat import redact
+
+        return str(redact(text))
 
     def _event(self, status: str, message: str) -> dict[str, Any]:
         return {"status": status, "message": message, "submission_id": self.submission_id,

@@ -122,6 +122,9 @@ class AirflowApi:
     def save_connection(self, connection: dict[str, Any]) -> None:
         self.call("POST", "/api/v2/connections", json=connection)
 
+    def set_variable(self, key: str, value: str) -> None:
+        self.call("POST", "/api/v2/variables", json={"key": key, "value": value})
+
     def live_jobs(self, job_type: str) -> list[dict[str, Any]]:
         """Running jobs of a type (``TriggererJob``, ``SchedulerJob``) with a recent heartbeat."""
         return self.call("GET", "/api/v2/jobs", params={"job_type": job_type, "is_alive": True})["jobs"]

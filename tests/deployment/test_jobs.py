@@ -10,7 +10,9 @@ test releases it, so the cluster is still there when the stopped job is looked a
 
 from __future__ import annotations
 
+import json
 import re
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,10 @@ from tests.deployment.deployment import AirflowDeployment
 from tests.deployment.rest import AirflowApi
 
 DAG_ID = "raytpu_jobs"
+#: What the jobs print from their environment: never to be seen on Airflow's side.
+SECRET = "cred-" + uuid.uuid4().hex
 TICK = re.compile(r"\btick (\d{4})\b")  # the job's own output, whatever prefix the task log adds
+SHOWN_TOKEN = re.compile(r"\[ray job\] token ([^\s'\"]*)")  # the job's own line, as the task log shows it
 RELEASED = re.compile(r"\breleased after \d+ ticks")  # its last line (the entrypoint shown has "{ticks}")
 
 
@@ -87,6 +92,7 @@ def ticks(lines: list[str]) -> list[int]:
 def jobs_run(api: AirflowApi, tmp_path_factory: pytest.TempPathFactory) -> JobsRun:
     release_dir = tmp_path_factory.mktemp("release")
     host_gate = release_dir / "tpu-host-may-start"
+    api.set_variable("job_credential", SECRET)
     api.unpause(DAG_ID)
     run_id = api.trigger(DAG_ID, {"accelerator": "v4", "topology": "2x2x1", "release_dir": str(release_dir),
                                   "host_gate": str(host_gate)})
@@ -200,3 +206,24 @@ def test_clear_reruns_the_failed_job_with_its_setups(cleared_hold_job: ClearedJo
     assert cleared_hold_job.run_state == "success"
     assert [(t["try_number"], t["state"]) for t in cleared_hold_job.tries] == [(1, "failed"), (2, "success")]
     assert any("released after 0 ticks" in line for line in cleared_hold_job.log)
+
+
+def test_a_secret_the_job_prints_after_a_deferral_and_a_triggerer_restart_is_masked_everywhere(
+        deployment: AirflowDeployment, api: AirflowApi, jobs_run: JobsRun, restarted_count_job: RestartedJob) -> None:
+    """count_job's Ray job prints its secret environment variable before and after the triggerer restart: the
+    first triggerer, the restarted one (which knows the secret only from its trigger's arguments, which Airflow
+    keeps encrypted) and the resumed task each show it masked, and no file of the deployment holds it."""
+    shown = [m.group(1) for line in restarted_count_job.log if (m := SHOWN_TOKEN.search(line))]
+    assert shown == ["***", "***"], shown  # printed first and last: by the first triggerer and the restarted one
+    assert SECRET not in "\n".join(restarted_count_job.log)
+    assert SECRET not in json.dumps(api.xcoms(DAG_ID, jobs_run.run_id, "count_job"))
+    holding = {str(path): around(path.read_bytes(), SECRET.encode())
+               for folder in (deployment.home, deployment.log_dir) for path in folder.rglob("*")
+               if path.is_file() and SECRET.encode() in path.read_bytes()}
+    assert holding == {}, "the task logs, every component's log and the database (trigger rows, XComs)"
+
+
+def around(data: bytes, needle: bytes, chars: int = 300) -> bytes:
+    """What surrounds the first ``needle`` in ``data``: where a leaked copy came from."""
+    at = data.find(needle)
+    return data[max(0, at - chars):at + len(needle) + 40]

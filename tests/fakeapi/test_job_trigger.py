@@ -160,6 +160,46 @@ async def test_a_job_that_fails_early_keeps_its_secret_config_out_of_the_event(
     assert SECRET not in capfd.readouterr().out
 
 
+async def test_the_tasks_secrets_are_masked_in_the_triggerer_that_follows_its_job(
+        jobs: JobsStub, kube: FakeKubeApiServer, capfd: pytest.CaptureFixture[str]) -> None:
+    """A triggerer knows only the trigger's arguments: the secrets the task registered come with them (sealed with
+    Airflow's Fernet key: Airflow stores the arguments as given), and the job's lines it writes, its event's
+    message and log tail (stored and logged outside the triggerer) show them as ***."""
+    import json
+
+    secret = "env-" + "7f3a9c2e1d5b"  # a value of the task's env_vars / config; never registered in this process
+    jobs.add("a", "job-2", log=f"connecting with {secret}\n")
+    from airflow_provider_raytpu.triggers.ray_job import seal_secrets
+
+    followed = trigger("a", "job-2", sealed_secrets=seal_secrets([secret]))
+    assert secret not in repr(followed) and "sealed_secrets=<sealed>" in repr(followed)
+    task = asyncio.create_task(first_event(followed))
+    await asyncio.to_thread(kube.wait_for, lambda: jobs.open_tails == 1, 10)
+    jobs.finish("a", "job-2", status="FAILED", text=f"ValueError: bad key {secret}\n",
+                message=f"Job entrypoint command failed with exit code 1: bad key {secret}")
+    event = await task
+    assert secret not in json.dumps(event), event
+    assert event["message"] == "Job entrypoint command failed with exit code 1: bad key ***"
+    assert event["log_tail"].splitlines() == ["connecting with ***", "ValueError: bad key ***"]
+    out = capfd.readouterr().out
+    assert secret not in out and "[ray job] connecting with ***" in out
+
+
+async def test_a_failed_jobs_event_carries_no_terminal_escape_codes(jobs: JobsStub, kube: FakeKubeApiServer) -> None:
+    """Ray colours its workers' prefixes and dedup notes; the task's error (the event's message and tail) is read
+    in a browser, where they show as raw escape characters."""
+    jobs.add("a", "job-3", log="\x1b[36m(TrainController pid=7846)\x1b[0m step 0\n")
+    task = asyncio.create_task(first_event(trigger("a", "job-3")))
+    await asyncio.to_thread(kube.wait_for, lambda: jobs.open_tails == 1, 10)
+    jobs.finish("a", "job-3", status="FAILED", text="ValueError: boom\x1b[32m [repeated 2x across cluster]\x1b[0m\n",
+                message="Job entrypoint command failed: \x1b[31mValueError: boom\x1b[0m")
+    event = await task
+    assert "\x1b" not in event["message"] + event["log_tail"], event
+    assert event["log_tail"].splitlines() == ["(TrainController pid=7846) step 0",
+                                              "ValueError: boom [repeated 2x across cluster]"]
+    assert event["message"] == "Job entrypoint command failed: ValueError: boom"
+
+
 async def test_a_dashboard_unreachable_for_longer_than_the_grace_ends_the_wait(
         jobs: JobsStub, kube: FakeKubeApiServer, capfd: pytest.CaptureFixture[str]) -> None:
     jobs.add("a", "job-1", log=lines(0, 3))

@@ -12,7 +12,15 @@ from typing import Any
 import pytest
 
 from airflow_provider_raytpu.backends.apply import wait_until_gone
-from airflow_provider_raytpu.dashboard.job_log import JobLogFollower, closing_line, readable_lines, returned, strip_ansi
+from airflow_provider_raytpu.dashboard.job_log import (
+    JobLogFollower,
+    closing_line,
+    job_message,
+    readable_lines,
+    returned,
+    shown_tail,
+    strip_ansi,
+)
 from airflow_provider_raytpu.dashboard.transport import DirectTransport
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.operators.jax_trainer import describe_step_times
@@ -302,3 +310,14 @@ def test_secret_values_are_registered_with_airflows_masker() -> None:
 
     mask_secret_values({"wandb_api_key": "sk-abcdef123456", "nested": {"db_password": "pw-987654321"}, "lr": 0.123456})
     assert redact("key sk-abcdef123456 and pw-987654321, lr 0.123456") == "key *** and ***, lr 0.123456"
+
+
+def test_a_failed_jobs_tail_and_message_read_as_plain_text_with_secret_arguments_by_their_keys() -> None:
+    log = ("\x1b[36m(TrainController pid=7846)\x1b[0m Running python -m train --config '{\"api_key\": \"k-1\"}'\n"
+           "loading 10%\rloading 100%\n\n"
+           "ValueError: boom\x1b[32m [repeated 2x across cluster]\x1b[0m\n")
+    assert shown_tail(log, 2) == "loading 100%\nValueError: boom [repeated 2x across cluster]"
+    assert shown_tail(log, 3).splitlines()[0] == (
+        "(TrainController pid=7846) Running python -m train --config '<JSON with keys: api_key>'")
+    assert job_message("Job failed: \x1b[31mboom\x1b[0m, last available logs (truncated to 20,000 chars):\nx") == (
+        "Job failed: boom")

@@ -3,6 +3,8 @@
 ``count_job`` is followed across a triggerer restart; ``hold_job`` is marked failed while it
 runs, then cleared. Both setups (create and the ready sensor) re-run on a Clear. With
 ``host_gate`` the cluster's TPU host waits for that file, so the ready sensor surely defers.
+Each job prints, first and last, the secret its environment gets from the Variable
+``job_credential`` (a name Airflow does not mask by itself; the job's ``RAYTPU_API_TOKEN`` is).
 """
 
 from datetime import datetime, timedelta
@@ -17,12 +19,14 @@ CLUSTER = "{{ ti.xcom_pull('create_cluster')['cluster_name'] }}"
 # Prints a numbered tick every half second until the file named by argv[1] exists.
 TICKER = (
     "import os, sys, time\n"
+    "print('token ' + os.environ.get('RAYTPU_API_TOKEN', ''), flush=True)\n"
     "ticks = 0\n"
     "while not os.path.exists(sys.argv[1]):\n"
     "    ticks += 1\n"
     "    print(f'tick {ticks:04d}', flush=True)\n"
     "    time.sleep(0.5)\n"
     "print(f'released after {ticks} ticks', flush=True)\n"
+    "print('token ' + os.environ.get('RAYTPU_API_TOKEN', ''), flush=True)\n"
 )
 
 with DAG(
@@ -52,6 +56,7 @@ with DAG(
             task_id=task_id,
             cluster_name=CLUSTER,
             entrypoint=["python", "-c", TICKER, "{{ params.release_dir }}/" + task_id],
+            runtime_env={"env_vars": {"RAYTPU_API_TOKEN": "{{ var.value.job_credential }}"}},
             ship_provider=False,
             deferrable=True,
             poll_interval=1,
