@@ -220,8 +220,8 @@ def goals(result: _common.Result, runs: list[dict[str, Any]]) -> None:
                     note=f"reaction = event - its cluster's ready commit; the server's writes of all 1000 took "
                          f"{w['last_ready_commit_after_switch_s']:.2f} s")
         collected = by.get(("watch-collected", 1000, "tls"))
-        result.goal("a triggerer restart with 1000 sensors: loop lag max <= 250 ms",
-                    [("lag max", w["restart_lag"].get("max_ms"), 250, "ms")],
+        result.goal("a triggerer restart with 1000 sensors: loop lag max <= 100 ms",
+                    [("lag max", w["restart_lag"].get("max_ms"), 100, "ms")],
                     note=f"a fresh interpreter; its longest garbage collection "
                          f"{w['restart_lag'].get('gc_max_ms', 0):.0f}"
                          " ms" + (f"; {collected['restart_lag'].get('max_ms', float('nan')):.0f} ms with the startup "

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 #: How long the triggers of one event loop use a connection they read before reading it again.
 SETTINGS_MAX_AGE_SECONDS = 300.0
+_LENT = "lent-backend"
 
 
 def backend_for(settings: ConnectionSettings) -> ClusterBackend:
@@ -84,15 +85,32 @@ class RayTpuHook(BaseHook):
     async def abackend(self) -> ClusterBackend:
         """The backend for the triggers of the running event loop, shared by all of them.
 
-        The connection is read once (again after :data:`SETTINGS_MAX_AGE_SECONDS`), and the
-        backend's modules are imported in a worker thread: the triggerer's loop never waits
-        for an import.
+        The connection is read once (again after :data:`SETTINGS_MAX_AGE_SECONDS`; the backend it
+        replaces is closed), and the backend's modules are imported in a worker thread: the
+        triggerer's loop never waits for an import.
         """
+
+        shared = loop_shared()
+        if (lent := shared.peek((_LENT, self.raytpu_conn_id))) is not None:
+            return lent  # type: ignore[no-any-return]
 
         async def make() -> ClusterBackend:
             return await asyncio.to_thread(backend_for, await self.asettings())
 
-        return await loop_shared().get(("backend", self.raytpu_conn_id), make, max_age=SETTINGS_MAX_AGE_SECONDS)
+        async def close(backend: ClusterBackend) -> None:
+            await asyncio.to_thread(backend.close)
+
+        return await shared.get(("backend", self.raytpu_conn_id), make, close, max_age=SETTINGS_MAX_AGE_SECONDS)
+
+    async def lend_backend(self, backend: ClusterBackend) -> None:
+        """Let the triggers run on this event loop use ``backend`` for the connection, for the loop's life (a task
+        that follows its job in a loop of its own: one connection lookup and one backend per task; the task
+        closes it)."""
+
+        async def lent() -> ClusterBackend:
+            return backend
+
+        await loop_shared().get((_LENT, self.raytpu_conn_id), lent)
 
     def test_connection(self) -> tuple[bool, str]:
         """Reach the backend and list its RayClusters; the UI's Test button calls this."""

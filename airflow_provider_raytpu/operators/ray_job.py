@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shlex
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -14,15 +14,14 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_raytpu.dashboard.job_log import (
-    JobLogFollower,
     closing_line,
     job_message,
     returned,
     shown_entrypoint,
     shown_tail,
 )
-from airflow_provider_raytpu.dashboard.outage import DEFAULT_UNREACHABLE_GRACE, DashboardUnreachableError
-from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, TERMINAL, JobIdentity, RayJobsHook
+from airflow_provider_raytpu.dashboard.outage import DEFAULT_UNREACHABLE_GRACE
+from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, JobIdentity, RayJobsHook
 from airflow_provider_raytpu.operators.base import (
     check_literal,
     check_not_empty,
@@ -33,7 +32,6 @@ from airflow_provider_raytpu.operators.base import (
 from airflow_provider_raytpu.operators.cluster_ready import ClusterReadyWait
 from airflow_provider_raytpu.operators.job_tries import job_identity, same_cycle, stop_leftovers, will_be_retried
 from airflow_provider_raytpu.operators.links import RayJobLink, dashboard_url, push_link
-from airflow_provider_raytpu.progress import LogPace
 from airflow_provider_raytpu.triggers.ray_job import RayJobTrigger, seal_secrets
 from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, last_result
 
@@ -41,6 +39,7 @@ if TYPE_CHECKING:
     from airflow.sdk import BaseOperatorLink, Context
 
     from airflow_provider_raytpu.dashboard.jobs import JobRecord
+    from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 
 LOG_TAIL_LINES = 50
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -236,23 +235,18 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
             return self._result(succeeded)
         self.submission_id = submission_id
         self._persist_link(context, submission_id)
+        trigger = RayJobTrigger(
+            submission_id=submission_id,
+            cluster_name=jobs.cluster_name,
+            namespace=jobs.namespace,
+            raytpu_conn_id=self.conn_id,
+            poll_interval=self.poll_interval,
+            unreachable_grace_period=self.unreachable_grace_period,
+            sealed_secrets=sealed,
+        )
         if self.deferrable:
-            self.defer(
-                trigger=RayJobTrigger(
-                    submission_id=submission_id,
-                    cluster_name=jobs.cluster_name,
-                    namespace=jobs.namespace,
-                    raytpu_conn_id=self.conn_id,
-                    poll_interval=self.poll_interval,
-                    unreachable_grace_period=self.unreachable_grace_period,
-                    sealed_secrets=sealed,
-                ),
-                method_name="execute_complete",
-            )
-        try:
-            return self._wait(submission_id)
-        except DashboardUnreachableError as exc:
-            self._give_up(context, submission_id, str(exc))
+            self.defer(trigger=trigger, method_name="execute_complete")
+        return self._job_ended(context, follow_here(trigger, self.hook))
 
     def _give_up(self, context: Context, submission_id: str, reason: str) -> NoReturn:
         """Stop following the job: leave it running for a retry to reattach to, or stop it on the last try."""
@@ -297,36 +291,23 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
     def _persist_link(self, context: Context, submission_id: str) -> None:
         push_link(context, RayJobLink, dashboard_url(self.jobs.dashboard, f"jobs/{submission_id}"))
 
-    def _wait(self, submission_id: str) -> Any:
-        follower = JobLogFollower()
-        pace = LogPace()
-        while True:
-            status, message = self.jobs.status(submission_id)
-            logs = self.jobs.logs(submission_id)
-            lines = follower.new_lines(logs, final=status in TERMINAL)
-            for line in lines:
-                self.log.info("[ray job] %s", line)
-            if status in TERMINAL:
-                return self._finish(submission_id, status, message, logs)
-            if lines:
-                pace.quiet()
-            elif pace.due():
-                self.log.info("Waiting for Ray job %s: %s, no new output (%.0f s)", submission_id, status,
-                              pace.elapsed)
-            time.sleep(min(self.poll_interval, pace.seconds_left()))
-
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         self.mask_secrets()  # a new process: what the submitting one registered is not registered here
         with self._task_clients():
-            self.submission_id = event["submission_id"]
-            if event["status"] == "ERROR":
-                self._give_up(context, event["submission_id"], event["message"])
-            self.show_entrypoint(self.jobs.info(self.submission_id).entrypoint or "")
-            if event["status"] == "SUCCEEDED" and "result" in event:  # the trigger read the whole log
-                return self._succeeded(event["submission_id"], event["result"])
-            logs = event.get("log_tail") if event["status"] != "SUCCEEDED" else None
-            return self._finish(event["submission_id"], event["status"], event["message"],
-                                logs if logs is not None else self.jobs.logs(event["submission_id"]))
+            return self._job_ended(context, event)
+
+    def _job_ended(self, context: Context, event: dict[str, Any]) -> Any:
+        """The task's outcome from the event of the job's :class:`RayJobTrigger` (followed here or in the
+        triggerer)."""
+        self.submission_id = event["submission_id"]
+        if event["status"] == "ERROR":
+            self._give_up(context, event["submission_id"], event["message"])
+        self.show_entrypoint(self.jobs.info(self.submission_id).entrypoint or "")
+        if event["status"] == "SUCCEEDED" and "result" in event:  # the trigger read the whole log
+            return self._succeeded(event["submission_id"], event["result"])
+        logs = event.get("log_tail") if event["status"] != "SUCCEEDED" else None
+        return self._finish(event["submission_id"], event["status"], event["message"],
+                            logs if logs is not None else self.jobs.logs(event["submission_id"]))
 
     def _finish(self, submission_id: str, status: str, message: str, logs: str) -> Any:
         if status == "SUCCEEDED":
@@ -361,3 +342,21 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
         if self.submission_id:
             self.log.info("Task killed: stopping Ray job %s", self.submission_id)
             self.jobs.stop(self.submission_id)
+
+
+def follow_here(trigger: RayJobTrigger, hook: RayTpuHook | None = None) -> dict[str, Any]:
+    """Follow a job in this process as the triggerer would (its status from the cluster's job list, its log
+    from Ray's streaming tail, each line written once): a task that does not defer transfers its log once,
+    not the whole log every ``poll_interval``; the trigger's event.
+
+    :param hook: the task's connection hook, whose backend the follower uses (none: the follower makes its own).
+    """
+
+    async def first_event() -> dict[str, Any]:
+        if hook is not None:
+            await hook.lend_backend(hook.backend)
+        async for event in trigger.run():
+            return dict(event.payload)
+        raise RuntimeError(f"The follower of Ray job {trigger.submission_id} ended without an event")
+
+    return asyncio.run(first_event())

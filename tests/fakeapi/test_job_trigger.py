@@ -71,6 +71,20 @@ async def test_each_line_once_and_the_result_in_the_event(jobs: JobsStub, kube: 
     assert jobs.requests[("a", "tail")] == 1
 
 
+async def test_more_open_log_tails_than_the_clients_pool_holds_do_not_starve_the_status_reads(
+        jobs: JobsStub, kube: FakeKubeApiServer) -> None:
+    followed = 110  # kubernetes_asyncio's pool holds 100 connections (connection_pool_maxsize)
+    for i in range(followed):
+        jobs.add("a", f"job-{i}", log="started\n")
+    tasks = [asyncio.create_task(first_event(trigger("a", f"job-{i}", poll_interval=0.2))) for i in range(followed)]
+    await asyncio.to_thread(kube.wait_for, lambda: jobs.open_tails == followed, 30)
+    listed = jobs.requests[("a", "list")]
+    await asyncio.to_thread(kube.wait_for, lambda: jobs.requests[("a", "list")] >= listed + 3, 10)
+    for i in range(followed):
+        jobs.finish("a", f"job-{i}")
+    assert {event["status"] for event in await asyncio.wait_for(asyncio.gather(*tasks), 60)} == {"SUCCEEDED"}
+
+
 async def test_one_status_request_per_cluster_per_tick(jobs: JobsStub, kube: FakeKubeApiServer) -> None:
     ids = {cluster: [f"{cluster}-{i}" for i in range(6)] for cluster in ("a", "b")}
     for cluster, names in ids.items():

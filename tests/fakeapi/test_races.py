@@ -38,6 +38,15 @@ from airflow_provider_raytpu.operators.raycluster import DeleteRayClusterOperato
 with DAG("race", schedule=None, start_date=datetime(2026, 1, 1), default_args={{"retries": 0}}):
     DeleteRayClusterOperator(task_id="delete_cluster", created_by="create_cluster"{name})
 '''
+FALLBACK = '''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
+
+with DAG("race", schedule=None, start_date=datetime(2026, 1, 1), default_args={"retries": 0}):
+    CreateRayClusterOperator(task_id="create_cluster", cluster_name="nightly", accelerator="v6e", topology="2x2",
+                             capacity=["reservation:used-up", "spot"], fallback_after=2)
+'''
 SWEEP = '''
 from datetime import datetime
 from airflow.sdk import DAG
@@ -127,3 +136,18 @@ def test_the_sweep_keeps_an_expired_cluster_whose_ray_jobs_cannot_be_listed(
     log = capfd.readouterr().out
     assert "RayCluster ml/busy expired at" in log and "but is not deleted: its Ray jobs could not be listed (" in log
     assert "kept until they can. The connection's identity needs 'create' on services/proxy in namespace ml" in log
+
+
+def test_a_capacity_fallback_never_deletes_a_cluster_made_after_its_owner_check(
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer, capfd: pytest.CaptureFixture[str]) -> None:
+    """No node takes the reservation (no KubeRay here places a host): after fallback_after the task gives the
+    cluster up; another DAG's same-named cluster made just before the delete is refused, not deleted."""
+    theirs = nightly(dag_id="other_team")
+    kube.before("DELETE", CLUSTER, lambda: replace_with(kube, theirs))
+    outcome = run_dag(airflow_home, FALLBACK, "race", logical_date=LOGICAL_DATE)
+    assert outcome["create_cluster"].state == "failed"
+    survivor = kube.get_object("rayclusters", NAMESPACE, "nightly")
+    assert survivor is not None and survivor["metadata"]["annotations"]["raytpu.dev/dag-id"] == "other_team"
+    assert kube.count("DELETE", CLUSTER) == 1 and kube.count("POST", r"/rayclusters$") == 1
+    assert ("RayCluster ml/nightly changed since it was checked: not deleted (Operation cannot be fulfilled on "
+            'rayclusters.ray.io "nightly": Precondition failed: UID in precondition') in capfd.readouterr().out

@@ -14,6 +14,7 @@ import pytest
 from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
 from airflow_provider_raytpu.dashboard.jobs import JobsApi, RayAuthenticationError
 from airflow_provider_raytpu.errors import FatalError
+from airflow_provider_raytpu.hooks import raytpu as raytpu_hook
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
 from airflow_provider_raytpu.tpu import TpuSlice
@@ -64,21 +65,46 @@ def test_the_sync_job_client_sends_each_clusters_token(jobs: JobsStub, backend: 
     assert kube.count("GET", r"/rayclusters/b$") == before + 1, "a cluster without a token is read once"
 
 
+async def first_event(trigger: RayJobTrigger) -> dict:
+    async for event in trigger.run():
+        return event.payload
+    raise AssertionError("no event")
+
+
 async def test_the_trigger_follows_a_job_and_tails_its_log_with_the_token(jobs: JobsStub,
                                                                           kube: FakeKubeApiServer) -> None:
     trigger = RayJobTrigger("job-1", "a", NAMESPACE, "raytpu_default", poll_interval=0.1)
-
-    async def first_event() -> dict:
-        async for event in trigger.run():
-            return event.payload
-        raise AssertionError("no event")
-
-    task = asyncio.create_task(first_event())
+    task = asyncio.create_task(first_event(trigger))
     await asyncio.to_thread(kube.wait_for, lambda: jobs.open_tails == 1, 10)
     jobs.finish("a", "job-1", text='RAYTPU_RESULT {"rows": 2}\n')
     event = await asyncio.wait_for(task, 60)
     assert (event["status"], event["result"]) == ("SUCCEEDED", {"rows": 2})
     assert jobs.requests[("a", "tail")] == 1, "the log-tail WebSocket carried the token too"
+
+
+async def test_a_followed_job_costs_one_api_request_per_tick_and_its_token_is_read_once(
+        jobs: JobsStub, kube: FakeKubeApiServer) -> None:
+    kube.clear_log()
+    task = asyncio.create_task(first_event(RayJobTrigger("job-1", "a", NAMESPACE, "raytpu_default",
+                                                         poll_interval=0.05)))
+    await asyncio.to_thread(kube.wait_for, lambda: jobs.requests[("a", "list")] >= 20, 30)
+    jobs.finish("a", "job-1")
+    assert (await asyncio.wait_for(task, 60))["status"] == "SUCCEEDED"
+    assert (kube.count("GET", r"/rayclusters/a$"), kube.count("GET", r"/secrets/a$")) == (1, 1)
+    through_proxy = kube.count(path_regex=r"/services/a-head-svc:dashboard/proxy/")
+    assert through_proxy == jobs.requests[("a", "list")] + jobs.requests[("a", "tail")]
+    assert kube.count() == through_proxy + 2, [r for r in kube.requests if "/proxy/" not in r.path]
+
+
+async def test_a_backend_the_triggerer_replaces_is_closed(jobs: JobsStub, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(raytpu_hook, "SETTINGS_MAX_AGE_SECONDS", 0.0)
+    hook = RayTpuHook()
+    first = await hook.abackend()
+    assert await asyncio.to_thread(first.list_clusters, NAMESPACE, "")
+    pools = first.clients.api_client.rest_client.pool_manager.pools
+    assert len(pools) == 1
+    second = await hook.abackend()
+    assert second is not first and len(pools) == 0, "the replaced backend's connections are closed"
 
 
 def test_a_new_token_is_read_again_once_ray_refuses_the_old_one(jobs: JobsStub, backend: KubeRayBackend,

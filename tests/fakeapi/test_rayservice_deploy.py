@@ -14,6 +14,7 @@ import yaml
 from airflow_provider_raytpu.backends.base import Applied
 from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
 from airflow_provider_raytpu.errors import ConflictError, PermissionDeniedError
+from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin
 from airflow_provider_raytpu.manifests.rayservice import (
     MODEL_VERSION_ANNOTATION,
     build_ray_service,
@@ -117,6 +118,29 @@ def test_rollback_promotes_the_previous_version_and_a_retry_keeps_it(airflow_hom
     proxy = f"{kube.url}/api/v1/namespaces/{NAMESPACE}/services"
     assert links == {"_link_ServeApplicationLink": f"{proxy}/chat-head-svc:dashboard/proxy/#/serve/applications/chat",
                      "_link_ServeEndpointLink": f"{proxy}/chat-serve-svc:serve/proxy"}
+
+
+def test_a_rollback_never_changes_a_service_made_after_its_owner_check(airflow_home: Path, connections: None,
+                                                                         kube: FakeKubeApiServer) -> None:
+    run_dag(airflow_home, dag("versions"), "versions")
+    run_dag(airflow_home, dag("versions"), "versions", conf={"version": "gs://b/ckpt-2"})
+    theirs = build_ray_service(name="chat", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4"), applications=[LLM_APP],
+                               version="gs://b/theirs", origin=AirflowOrigin("other_team", "manual__1", "deploy"))
+
+    def replaced() -> None:  # another DAG deleted the service and made its own under the name
+        kube.delete_object("rayservices", NAMESPACE, "chat", force=True)
+        kube.create_object(theirs)
+
+    puts = kube.count("PUT", SERVICES + "/chat$")
+    kube.before("PUT", SERVICES + "/chat$", replaced)
+    source = dag("versions", deploy=None).replace(
+        "params={'version': 'gs://b/ckpt-1'}):",
+        "params={}):\n    RollbackRayServiceOperator(task_id='rollback', service_name='chat', retries=0)")
+    assert run_dag(airflow_home, source, "versions")["rollback"].state == "failed"
+    stored = kube.get_object("rayservices", NAMESPACE, "chat")
+    assert stored["metadata"]["annotations"]["raytpu.dev/dag-id"] == "other_team"
+    assert cluster_version({"spec": stored["spec"]["rayClusterConfig"]}) == "gs://b/theirs"
+    assert kube.count("PUT", SERVICES + "/chat$") == puts + 1, "the refused write was not retried on the new service"
 
 
 def test_params_choose_the_serving_cluster_options(airflow_home: Path, connections: None,

@@ -62,6 +62,7 @@ class KubeRayBackend(ClusterBackend):
         self.clients = KubeClients(settings)
         self.objects = CustomObjects(self.clients, RAY_CLUSTERS)
         self.services = KubeRayServices(self, self.clients, self.objects, self.with_token_auth)
+        self._dashboards: dict[tuple[str, str], HttpTransport] = {}
 
     def check(self) -> str:
         try:
@@ -165,7 +166,16 @@ class KubeRayBackend(ClusterBackend):
 
     def dashboard(self, name: str, namespace: str) -> HttpTransport:
         """The head service's ``dashboard`` port (``<name>-head-svc``), with the cluster's Ray token where it
-        has one (:class:`~airflow_provider_raytpu.backends.kuberay.ray_token.RayTokenTransport`)."""
+        has one (:class:`~airflow_provider_raytpu.backends.kuberay.ray_token.RayTokenTransport`).
+
+        One per cluster for the backend's life, so its token is read once (again when Ray refuses it): the
+        triggers that follow jobs on a cluster cost one API request per tick between them, the job list.
+        """
+        found = self._dashboards.get((name, namespace))
+        return found if found is not None else self._dashboards.setdefault(
+            (name, namespace), self._new_dashboard(name, namespace))
+
+    def _new_dashboard(self, name: str, namespace: str) -> HttpTransport:
         if self.settings.dashboard == "url":
             direct = (self.settings.dashboard_url or "").format(cluster_name=name, namespace=namespace)
         else:

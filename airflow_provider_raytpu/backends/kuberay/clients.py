@@ -19,7 +19,7 @@ own cap is 6 hours).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -120,12 +120,16 @@ def gke_endpoint(settings: ConnectionSettings) -> tuple[str, str]:
     ).fetch_cluster_info()
 
 
-def async_hook(settings: ConnectionSettings) -> AsyncKubernetesHook:
-    """The connection's async hook (blocking: it may ask the GKE API for the control plane)."""
+def async_hook(settings: ConnectionSettings,
+               endpoint: Callable[[], tuple[str, str]] | None = None) -> AsyncKubernetesHook:
+    """The connection's async hook (blocking: it may ask the GKE API for the control plane).
+
+    :param endpoint: the GKE control plane's URL and CA, when already known (else read now).
+    """
     if settings.backend == "gke":
         from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook
 
-        url, ca = gke_endpoint(settings)
+        url, ca = endpoint() if endpoint is not None else gke_endpoint(settings)
         return GKEKubernetesAsyncHook(
             cluster_url=url,
             ssl_ca_cert=ca,
@@ -136,14 +140,19 @@ def async_hook(settings: ConnectionSettings) -> AsyncKubernetesHook:
     return AsyncKubernetesHook(conn_id=settings.kubernetes_conn_id or KubernetesHook.default_conn_name)
 
 
-async def shared_api_client(settings: ConnectionSettings) -> SharedApiClient:
+async def shared_api_client(settings: ConnectionSettings,
+                            endpoint: Callable[[], tuple[str, str]] | None = None) -> SharedApiClient:
     """The running event loop's async client of this connection (made on first use, closed with the loop).
 
     When the connection's settings changed since it was made, its next client uses the new ones.
+
+    :param endpoint: the GKE control plane's URL and CA as the caller knows it, for the first client (a later
+        one, made an hour on or after a 401, reads them again from the GKE API).
     """
+    known = [endpoint] if endpoint is not None else []
 
     def make_hook() -> AsyncKubernetesHook:
-        return async_hook(settings)
+        return async_hook(settings, known.pop() if known else None)
 
     async def make() -> SharedApiClient:
         return SharedApiClient(make_hook, source=settings)
@@ -196,10 +205,12 @@ class KubeClients:
         return self.hook.api_client
 
     def close(self) -> None:
-        """Close the sync client, if one was made (its connection pool and thread pool)."""
+        """Close the sync client, if one was made: its thread pool and its open connections (a request
+        made afterwards opens a new one)."""
         hook = self.__dict__.get("hook")
         if hook is not None and "api_client" in hook.__dict__:
             hook.api_client.close()
+            hook.api_client.rest_client.pool_manager.clear()
 
     @cached_property
     def custom_objects(self) -> k8s.CustomObjectsApi:
@@ -211,7 +222,7 @@ class KubeClients:
 
     async def shared(self) -> SharedApiClient:
         """The event loop's shared async client of this connection."""
-        return await shared_api_client(self.settings)
+        return await shared_api_client(self.settings, self.gke_endpoint)
 
     @contextlib.asynccontextmanager
     async def async_api_client(self) -> AsyncIterator[k8s_async.ApiClient]:

@@ -14,6 +14,7 @@ the API server authenticates us with ``Authorization`` and removes it before pro
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import re
@@ -86,6 +87,7 @@ class RayTokenTransport(HttpTransport):
         self.cluster = cluster
         self.namespace = namespace
         self._headers: dict[str, str] | None = None
+        self._reading = asyncio.Lock()
 
     @property
     def url(self) -> str:
@@ -143,9 +145,13 @@ class RayTokenTransport(HttpTransport):
         return self._remember(found, secret)
 
     async def aheaders(self) -> dict[str, str]:
-        """:meth:`headers` through the event loop's shared client."""
+        """:meth:`headers` through the event loop's shared client; the followers that ask at once share one read."""
         if self._headers is not None:
             return self._headers
+        async with self._reading:
+            return self._headers if self._headers is not None else await self._aread()
+
+    async def _aread(self) -> dict[str, str]:
         from kubernetes_asyncio import client as k8s_async
 
         shared = await self.clusters.clients.shared()

@@ -12,7 +12,11 @@ handling is written here; only when it is asked for is decided here:
   connections stay open;
 - the client itself is replaced after :data:`CLIENT_MAX_AGE_SECONDS` or when the API server
   rejects its credentials (401): the replacement reads the connection again. Requests in
-  flight finish on the old client, which is closed when its last one ends.
+  flight finish on the old client, which is closed when its last one ends;
+- long-lived streams (a job's log tail through the service proxy) get connections of their own
+  (:meth:`SharedApiClient.stream`), outside the client's pool: kubernetes_asyncio caps that at
+  ``connection_pool_maxsize`` (100) connections, and a hundred open tails would hold them all
+  while every other request waited.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    import aiohttp
     from kubernetes_asyncio import client as k8s_async
 
 log = logging.getLogger(__name__)
@@ -58,6 +63,19 @@ def _build_client(loop: asyncio.AbstractEventLoop, configuration: Any) -> k8s_as
         asyncio.events._set_running_loop(None)
 
 
+def _build_streams(loop: asyncio.AbstractEventLoop, configuration: Any) -> aiohttp.ClientSession:
+    """Run in a worker thread: a session for long-lived streams with the client's TLS settings and no limit
+    on its connections (each stream is one connection for its whole life)."""
+    from kubernetes_asyncio.client.rest import RESTClientObject
+
+    asyncio.events._set_running_loop(loop)  # as in _build_client
+    try:
+        session: aiohttp.ClientSession = RESTClientObject(configuration, maxsize=0).pool_manager
+        return session
+    finally:
+        asyncio.events._set_running_loop(None)
+
+
 def _adopt_credentials(configuration: Any, loaded: Any, headers: dict[str, str]) -> None:
     """Put the bearer token a hook loaded into ``configuration`` (GKE's hook sends it as a default header)."""
     authorization = headers.get("Authorization") or headers.get("authorization") or ""
@@ -81,11 +99,23 @@ class _Generation:
         self.retired = False
         self.closed = False
         self.refresh_lock = asyncio.Lock()
+        self._streams: aiohttp.ClientSession | None = None
+        self._streams_lock = asyncio.Lock()
+
+    async def streams(self) -> aiohttp.ClientSession:
+        """The session for this client's long-lived streams (made on first use)."""
+        async with self._streams_lock:
+            if self._streams is None:
+                self._streams = await asyncio.to_thread(_build_streams, asyncio.get_running_loop(),
+                                                        self.client.configuration)
+            return self._streams
 
     async def aclose(self) -> None:
         if not self.closed:
             self.closed = True
             await self.client.close()
+            if self._streams is not None:
+                await self._streams.close()
 
 
 class SharedApiClient:
@@ -113,16 +143,28 @@ class SharedApiClient:
             self._generation.retired = True
 
     @contextlib.asynccontextmanager
-    async def lease(self) -> AsyncIterator[k8s_async.ApiClient]:
-        """The current client, kept open until the caller is done with it."""
+    async def _held(self) -> AsyncIterator[_Generation]:
         generation = await self._current()
         generation.users += 1
         try:
-            yield generation.client
+            yield generation
         finally:
             generation.users -= 1
             if generation.retired and generation.users == 0:
                 await self._close(generation)
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[k8s_async.ApiClient]:
+        """The current client, kept open until the caller is done with it."""
+        async with self._held() as generation:
+            yield generation.client
+
+    @contextlib.asynccontextmanager
+    async def stream(self) -> AsyncIterator[tuple[k8s_async.ApiClient, aiohttp.ClientSession]]:
+        """The current client and its session for long-lived streams (a connection each, outside the
+        client's pool), both kept open until the caller is done with them."""
+        async with self._held() as generation:
+            yield generation.client, await generation.streams()
 
     async def call(self, request: Callable[[k8s_async.ApiClient], Awaitable[T]]) -> T:
         """``request(client)``; after a 401 once more on a new client (which reads the connection again)."""

@@ -119,13 +119,12 @@ class ApiServerProxyTransport(HttpTransport):
     async def websocket(self, path: str, headers: Mapping[str, str] | None = None,
                         ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
         shared = await self.clients.shared()
-        async with shared.lease() as api_client:
+        async with shared.stream() as (api_client, session):
             host = api_client.configuration.host
             if host is None:  # only if set to None by hand: a kubeconfig always names the API server
                 raise ValueError("the Kubernetes client has no API server host")
             url = host.rstrip("/") + self.path + "/" + path.lstrip("/")
             headers = {**(headers or {}), **await shared.auth_headers(api_client)}
-            session = api_client.rest_client.pool_manager
             async with session.ws_connect(url, headers=headers, max_msg_size=0,
                                           server_hostname=api_client.rest_client.server_hostname) as ws:
                 yield ws

@@ -68,8 +68,8 @@ class ServiceProxy:
             raise ApiError.not_found(route.res, svc)
         if target is None:
             raise ApiError(503, "ServiceUnavailable", f'no endpoints available for service "{route.name}"', {})
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
+        if self._session is None:  # no cap on connections to the endpoints, as kube-apiserver's proxy
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         url = f"{target}/{route.proxy_rest}"
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
         if request.headers.get("Upgrade", "").lower() == "websocket":
