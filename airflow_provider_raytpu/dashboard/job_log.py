@@ -3,8 +3,11 @@
 Ray colours the prefix of every line a worker prints (``\\x1b[36m(RayTrainWorker pid=12)\\x1b[0m``)
 and a progress bar redraws itself with carriage returns; Airflow's log view shows both as
 raw bytes. A few tracebacks of Ray's own actors are expected and harmless
-(:data:`KNOWN_RAY_TRACEBACKS`); each shows as one line that says so. The full log stays in the
-Ray dashboard, unchanged.
+(:data:`KNOWN_RAY_TRACEBACKS`); each shows as one line that says so. A traceback a Ray actor or
+worker printed (Ray Train's workers and controller each print the train loop's error) shows as its
+first and last lines: the job's own traceback, which its driver prints last, is the one shown in full
+once, and the task's error names its exception and place (:func:`job_error`). The full log stays in
+the Ray dashboard, unchanged.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ import json
 import re
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from airflow_provider_raytpu.workloads.failures import as_written
 
 # CSI sequences (colours, cursor moves) and the two-byte escapes; what terminals interpret.
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
@@ -21,6 +27,11 @@ _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 _ACTOR_LINE = re.compile(r"^\((?P<actor>\w+) pid=\d+(?:, ip=[\d.]+)?\) ?(?P<text>.*)$")
 _TRACEBACK_LINE = re.compile(
     r"^(\s|Traceback \(most recent call last\)|Exception in thread |[\w.]+(Error|Exception)\b)")
+# Ray's note on a line several actors printed, the first time with a hint (ray/_private/ray_logging, _warn_once).
+_REPEATED = re.compile(r" \[repeated \d+x across cluster\](?: \(Ray deduplicates logs by default\.[^)]*\))?$")
+_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
+#: How many of the driver's last lines may follow its traceback's exception line (the trainer's "error:" line).
+_AFTER_TRACEBACK = 3
 # Tracebacks of Ray's own actors that are expected and harmless: one line says what happened instead.
 KNOWN_RAY_TRACEBACKS = {
     "PlacementGroupCleaner": (
@@ -161,30 +172,17 @@ def readable_lines(text: str) -> list[str]:
 
 
 class JobLogFollower:
-    """Hands out each line of a growing job log once, whole, as :func:`readable_lines`; a known Ray
-    traceback (:data:`KNOWN_RAY_TRACEBACKS`) as one line that explains it, the first time only.
-
-    :param logged_chars: how much of the log was already handed out (carried across a deferral).
+    """Shows the whole lines of a job's log, chunk after chunk, as :func:`readable_lines`; a known Ray
+    traceback (:data:`KNOWN_RAY_TRACEBACKS`) as one line that explains it, the first time only; another
+    Ray actor's traceback as its header and exception line (a traceback may span chunks).
     """
 
-    def __init__(self, logged_chars: int = 0) -> None:
-        self.logged_chars = logged_chars
+    def __init__(self) -> None:
         self._explained: set[str] = set()
-
-    def new_lines(self, logs: str, *, final: bool) -> list[str]:
-        """The lines added since the last call; a half-written last line waits unless the job ended.
-
-        :param logs: the job's whole log so far.
-        :param final: the job has ended: hand out everything.
-        """
-        new = logs[self.logged_chars:]
-        if not final:
-            new = new[: new.rfind("\n") + 1]
-        self.logged_chars += len(new)
-        return self.shown(new)
+        self._in_traceback: set[str] = set()  # the prefixes ("(RayTrainWorker pid=12)") inside a traceback
 
     def shown(self, text: str) -> list[str]:
-        """Whole lines of the job's log as the task log shows them (for a caller that tracks the offset itself).
+        """Whole lines of the job's log as the task log shows them (the caller tracks its place in the log).
 
         :param text: whole lines of the job's log.
         """
@@ -192,12 +190,65 @@ class JobLogFollower:
         for line in readable_lines(text):
             line = mask_secret_arguments(line)
             actor = known_traceback_of(line)
-            if actor is None:
+            if actor is not None:
+                if actor not in self._explained:
+                    self._explained.add(actor)
+                    shown.append(f"({actor}) {KNOWN_RAY_TRACEBACKS[actor]}")
+            elif (folded := self._folded(line)) is not None:
+                shown.extend(folded)
+            else:
                 shown.append(line)
-            elif actor not in self._explained:
-                self._explained.add(actor)
-                shown.append(f"({actor}) {KNOWN_RAY_TRACEBACKS[actor]}")
         return shown
+
+    def _folded(self, line: str) -> list[str] | None:
+        """What a line of a Ray actor's traceback shows (its header, then its exception line); ``None`` for
+        any other line."""
+        match = _ACTOR_LINE.match(line)
+        if match is None:
+            return None
+        prefix, text = line[: len(line) - len(match["text"])].rstrip(), _REPEATED.sub("", match["text"])
+        if not text:
+            return []  # Ray's prefix before an empty line: nothing to read
+        if text == "Traceback (most recent call last):":
+            self._in_traceback.add(prefix)
+            return [f"{line} (frames: in the Ray dashboard's job log)"]
+        if prefix not in self._in_traceback:
+            return None
+        if text[0].isspace():
+            return []
+        self._in_traceback.discard(prefix)  # its exception line
+        return [line]
+
+
+@dataclass(frozen=True)
+class JobError:
+    """The exception a job's driver ended with, from the traceback it printed last.
+
+    :param exception: its last line (``ValueError: could not convert string to float: 'fast'``).
+    :param where: its innermost frame (``pipeline/train_loop.py, line 101, in train``).
+    """
+
+    exception: str
+    where: str
+
+
+def job_error(log: str) -> JobError | None:
+    """The exception the job's driver ended with: the last frame of a traceback among the driver's own last
+    lines (not a Ray actor's), and the exception line after it; ``None`` when the log does not end so.
+
+    :param log: the job's log, or its end.
+    """
+    driver = [line for line in readable_lines(log) if not _ACTOR_LINE.match(line)]
+    for index in range(len(driver) - 1, -1, -1):
+        frame = _FRAME.match(driver[index])
+        if frame is None:
+            continue
+        after = [i for i in range(index + 1, len(driver)) if not driver[i][0].isspace()]
+        if not after or len(driver) - after[0] > _AFTER_TRACEBACK:
+            return None
+        where = f"{as_written(frame['file'])}, line {frame['line']}, in {frame['function']}"
+        return JobError(mask_secret_arguments(driver[after[0]]), where)
+    return None
 
 
 def known_traceback_of(line: str) -> str | None:

@@ -14,7 +14,9 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_raytpu.dashboard.job_log import (
+    JobError,
     closing_line,
+    job_error,
     job_message,
     returned,
     shown_entrypoint,
@@ -305,18 +307,31 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
         self.show_entrypoint(self.jobs.info(self.submission_id).entrypoint or "")
         if event["status"] == "SUCCEEDED" and "result" in event:  # the trigger read the whole log
             return self._succeeded(event["submission_id"], event["result"])
+        if "error" in event:
+            return self._finish(event["submission_id"], event["status"], event["message"], "",
+                                JobError(**event["error"]))
         logs = event.get("log_tail") if event["status"] != "SUCCEEDED" else None
         return self._finish(event["submission_id"], event["status"], event["message"],
                             logs if logs is not None else self.jobs.logs(event["submission_id"]))
 
-    def _finish(self, submission_id: str, status: str, message: str, logs: str) -> Any:
+    def _finish(self, submission_id: str, status: str, message: str, logs: str, error: JobError | None = None) -> Any:
+        """The task's outcome from how the job ended.
+
+        :param logs: the job's log, or its end.
+        :param error: the exception the job's driver ended with, when the trigger read it (else read from ``logs``).
+        """
         if status == "SUCCEEDED":
             return self._succeeded(submission_id, last_result(logs))
-        message = job_message(message)
+        message = job_message(message) or "no message"
+        error = error or job_error(logs)
         self.log.error("%s", closing_line(submission_id, status, self.jobs.wall_seconds(submission_id),
-                                          message or "no message"))
-        tail = shown_tail(logs, LOG_TAIL_LINES)
-        text = f"Ray job {submission_id} {status}: {message}\n--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
+                                          error.exception if error else message))
+        if error is not None:  # the traceback is the log's end, just above: not repeated here
+            text = (f"Ray job {submission_id} {status}: {error.exception}\n  at {error.where}\n"
+                    f"(its traceback ends the job's log above; Ray: {message})")
+        else:
+            text = (f"Ray job {submission_id} {status}: {message}\n--- last {LOG_TAIL_LINES} log lines ---\n"
+                    f"{shown_tail(logs, LOG_TAIL_LINES)}")
         if status == "FAILED" and self.jobs.info(submission_id).driver_exit_code == EXIT_BAD_INPUT:
             raise AirflowFailException(f"{text}\nThe job exited with code {EXIT_BAD_INPUT} (bad input): not retried")
         raise AirflowException(text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -11,7 +12,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_raytpu.dashboard.job_log import JobLogFollower, job_message, shown_tail
+from airflow_provider_raytpu.dashboard.job_log import JobLogFollower, job_error, job_message, shown_tail
 from airflow_provider_raytpu.dashboard.outage import DEFAULT_UNREACHABLE_GRACE, Outage
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.hooks.ray_jobs import TERMINAL, RayJobsHook
@@ -162,12 +163,16 @@ class RayJobTrigger(BaseTrigger):
         except Exception as exc:  # no connection, no dashboard: the task fails with the reason
             event = self._event("ERROR", f"Ray job {self.submission_id} unreachable: {exc}")
         if event["status"] in TERMINAL:
-            if event["status"] != "SUCCEEDED":  # for the task's error; Airflow logs the whole event, so
-                event["log_tail"] = "\n".join(self._tail)  # a success's tail would repeat lines in the log
+            if event["status"] != "SUCCEEDED":  # for the task's error. Airflow logs the whole event, so it
+                tail = "\n".join(self._tail)  # carries the driver's exception, or the tail when it ended without
+                error = job_error(tail)
+                event.update({"error": dataclasses.asdict(error)} if error else {"log_tail": tail})
             if from_start or self._result_line is not None:
                 event["result"] = last_result(self._result_line or "")
         # The event is stored and logged outside this process's masker: what it says is masked here.
         event = {key: self._masked(value) if key in ("message", "log_tail") else value for key, value in event.items()}
+        if "error" in event:
+            event["error"] = {key: self._masked(value) for key, value in event["error"].items()}
         # Everything is closed before the event goes out: a consumer that takes only the first
         # event and never resumes this generator (``dag.test()``) leaves nothing open behind.
         yield TriggerEvent(event)

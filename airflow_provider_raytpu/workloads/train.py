@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.workloads.batches import POLICIES, RaggedBatchError, check_batches
 from airflow_provider_raytpu.workloads.checkpoints import ORBAX_SUBDIR
+from airflow_provider_raytpu.workloads.failures import describe_failure
 from airflow_provider_raytpu.workloads.loading import check_importable, load_object
 from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, report_result
 from airflow_provider_raytpu.workloads.steps import (
@@ -389,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not isinstance(error, TrainingFailedError):
             raise
-        print(f"error: training failed: {error}", file=sys.stderr)
+        print(describe_failure(error), file=sys.stderr)
         return EXIT_FAILED
     report_result(result)
     return 0

@@ -1,6 +1,6 @@
 """Who talks to the control plane (controlplane.py): the static token file of its identities (admin and one
-per component), their kubeconfigs (CA embedded), admin API clients, and ServiceAccount tokens through the
-TokenRequest API.
+per component), their kubeconfigs (CA embedded), admin API clients, ServiceAccount tokens through the
+TokenRequest API, and the audit policy that records what they did.
 
 A mixin: the control plane owns the identities, the work dir, the PKI and the server URL.
 """
@@ -11,6 +11,8 @@ import base64
 import json
 from pathlib import Path
 from typing import Any
+
+from tests.controlplane.components import AUDIT_POLICY
 
 
 class Credentials:
@@ -23,6 +25,7 @@ class Credentials:
     admin_token: str
     token_file: Path
     kubeconfig_path: Path
+    audit_policy_path: Path
 
     def _write_auth_files(self) -> None:
         lines = []
@@ -38,6 +41,7 @@ class Credentials:
             path.write_text(json.dumps(self.kubeconfig_dict(token=self.identities[name].token, user=name), indent=1))
             path.chmod(0o600)
         self.kubeconfig_path = self.workdir / "admin.kubeconfig"
+        self.audit_policy_path.write_text(json.dumps(AUDIT_POLICY))
 
     def kubeconfig_dict(self, *, token: str | None = None, user: str = "admin",
                         namespace: str = "default") -> dict[str, Any]:

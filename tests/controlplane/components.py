@@ -11,6 +11,18 @@ if TYPE_CHECKING:
 
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+#: The API server's audit policy: who did what (Metadata: no bodies) for the identities the provider's
+#: connections use (the admin, and the ServiceAccounts of ``Connections.as_role``); nothing for the
+#: control plane's own components. Read by ``tests/controlplane/audit.py``.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "Metadata", "users": ["raytpu-admin"]},
+        {"level": "None"},
+    ],
+}
 
 
 def etcd_argv(cp: ControlPlane) -> list[str]:
@@ -52,6 +64,9 @@ def apiserver_argv(cp: ControlPlane) -> list[str]:
         "--endpoint-reconciler-type=none",
         "--profiling=false",
         f"--cert-dir={cp.workdir / 'apiserver-certs'}",
+        f"--audit-policy-file={cp.audit_policy_path}",
+        f"--audit-log-path={cp.audit_log_path}",
+        "--audit-log-format=json",
         "--v=1",
     ]
 

@@ -34,6 +34,11 @@ def pytest_configure(config):
     # Also declared in pyproject.toml; repeated so this directory works alone.
     config.addinivalue_line(
         "markers", "k8s: needs the real Kubernetes control plane binaries (tests/controlplane/build_binaries.sh)")
+    config.addinivalue_line("markers", "after_the_tier: reads what every other test of the tier did; runs last")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("after_the_tier") is not None)  # stable: the rest keep order
 
 
 def _module_slug(request: pytest.FixtureRequest) -> str:

@@ -95,7 +95,7 @@ class ControlPlane(StartupWaits, Credentials):
     """etcd + kube-apiserver + scheduler + controller-manager + KubeRay operator.
 
     Attributes: ``server`` (https URL), ``admin_token``, ``ca_path``,
-    ``kubeconfig_path`` (admin), ``workdir`` (temp dir), ``logs_dir``,
+    ``kubeconfig_path`` (admin), ``workdir`` (temp dir), ``logs_dir``, ``audit_log_path``,
     ``crd_dir``, ``timings`` (seconds per startup step), ``components``,
     ``pod_network`` (``None`` when this machine does not allow one: then
     ``pod_network_problem`` says why, and host-process pods share its address),
@@ -147,6 +147,9 @@ class ControlPlane(StartupWaits, Credentials):
         self.pki: dict[str, Path] = {}
         self.ca_path: Path = self.workdir / "pki" / "ca.crt"
         self.kubeconfig_path: Path = self.workdir / "admin.kubeconfig"
+        self.audit_policy_path: Path = self.workdir / "audit-policy.json"
+        #: The API server's audit log (JSON lines), read by ``tests/controlplane/audit.py``.
+        self.audit_log_path: Path = self.logs_dir / "audit.log"
         self.gke_nodes = GkeNodePools(self.api_client, self._controller_manager_log,
                                       lambda: self.pod_network is not None)
 

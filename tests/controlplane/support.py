@@ -84,6 +84,10 @@ def kubeconfig_for(server: str, ca_pem: bytes, token: str, namespace: str = "def
 # -- identities ---------------------------------------------------------------------------------
 
 
+#: The ServiceAccounts bound to exactly docs/rbac.yaml's Role in this session, as the audit log names them.
+DOCUMENTED_ROLE_USERS: set[str] = set()
+
+
 def documented_role() -> dict[str, Any]:
     """The least-privilege Role the docs give users (docs/rbac.yaml)."""
     role = yaml.safe_load(RBAC_YAML.read_text())
@@ -106,6 +110,8 @@ def bind(cp: ControlPlane, namespace: str, role: dict[str, Any]) -> str:
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}],
         })
+    if role["rules"] == documented_role()["rules"]:
+        DOCUMENTED_ROLE_USERS.add(f"system:serviceaccount:{namespace}:{sa}")
     return token
 
 

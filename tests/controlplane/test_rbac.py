@@ -1,5 +1,6 @@
 """docs/rbac.yaml is enough, and what it lacks is explained: the lifecycle DAG under a
-ServiceAccount token bound to exactly that Role, then to a copy without ``delete``."""
+ServiceAccount token bound to exactly that Role, then to a copy without ``delete``. And the Role is what
+the provider calls, both ways: the API server's audit log of the whole tier against the Role."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from tests.controlplane.audit import provider_requests
 from tests.controlplane.controlplane import ControlPlane
 from tests.controlplane.support import (
+    DOCUMENTED_ROLE_USERS,
     Connections,
     NodePools,
     documented_role,
@@ -26,6 +29,15 @@ from tests.support.airflow_runner import run_dag
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(420)]
 
 V4 = "tpu-v4-podslice"
+GKE_DOCS = Path(__file__).resolve().parents[2] / "docs" / "gke.md"
+#: What the provider may ask beyond the Role, each for a feature docs/gke.md lists under "Optional, per
+#: feature": the CRD (in-place updates), and the connection test's webhook list, namespace read and reviews.
+OPTIONAL = {
+    ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "list"),
+    ("", "namespaces", "get"),
+    ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +156,41 @@ def test_the_connection_test_reports_the_crd_the_tpu_webhook_and_missing_verbs(
         "docs/rbac.yaml)",
     ]
 
+
+
+def granted(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) for each permission the Role's rules grant."""
+    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def whole_tier_passed(session: pytest.Session) -> bool:
+    """Every test of this directory was collected, none deselected, and none failed."""
+    tier = {path.name for path in Path(__file__).parent.glob("test_*.py")}
+    return ({item.path.name for item in session.items} >= tier and len(session.items) == session.testscollected
+            and session.testsfailed == 0)
+
+
+@pytest.mark.after_the_tier
+def test_the_role_grants_what_the_provider_calls_and_nothing_more(k8s_control_plane: ControlPlane,
+                                                                   request: pytest.FixtureRequest) -> None:
+    """From the audit log of every test before this one: under exactly the Role, RBAC refused the provider
+    only the optional features' requests; the provider (any identity) asked for nothing the Role and the
+    optional features leave out; and, when the whole tier ran, for every permission the Role grants."""
+    requests = provider_requests(k8s_control_plane)
+    role = granted(documented_role())
+    assert DOCUMENTED_ROLE_USERS, "no test ran under the Role"
+    under_role = [r for r in requests if r.user in DOCUMENTED_ROLE_USERS]
+    assert under_role, f"the audit log has no request of {sorted(DOCUMENTED_ROLE_USERS)}"
+    refused = sorted({r.permission for r in under_role if r.refused} - OPTIONAL)
+    assert refused == [], f"the Role lacks what the provider called: {refused}"
+
+    used = {r.permission for r in requests}
+    beyond = sorted(used - role - OPTIONAL)
+    assert beyond == [], f"called, but neither in the Role nor among docs/gke.md's optional features: {beyond}"
+    docs = GKE_DOCS.read_text()
+    assert [resource for _, resource, _ in OPTIONAL if f"`{resource}`" not in docs] == []
+    if not whole_tier_passed(request.session):
+        pytest.skip("the whole tier did not run and pass: which permissions went unused cannot be told")
+    assert sorted(role - used) == [], "the Role grants what the provider never called"
+    assert sorted(OPTIONAL - used) == []

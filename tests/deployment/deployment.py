@@ -257,7 +257,8 @@ def _fernet_key() -> str:
 
 
 EXPECTED_DAGS = {"tpu_cluster_lifecycle", "nightly_finetune", "nightly_embeddings", "tpu_model_serving",
-                 "after_promotion", "raytpu_jobs", "raytpu_training", "raytpu_soak", "etl_daily", "etl.daily"}
+                 "after_promotion", "raytpu_jobs", "raytpu_training", "raytpu_training_error", "raytpu_soak",
+                 "etl_daily", "etl.daily"}
 
 
 def local_connection(deployment: AirflowDeployment, conn_id: str = "raytpu_default") -> dict[str, str]:

@@ -94,9 +94,14 @@ class AirflowApi:
 
     def log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> list[str]:
         """The task's log as the UI shows it: one string per record (the message, then any extra fields)."""
+        return [_record_text(record) for record in self.log_records(dag_id, run_id, task_id, try_number)]
+
+    def log_records(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> list[dict[str, Any]]:
+        """The task's log records as the UI gets them (``event``, ``level``, an exception's ``error_detail``...)."""
         body = self.call("GET", f"{self._run_path(dag_id, run_id)}/taskInstances/{task_id}/logs/{try_number}",
                          params={"full_content": True}, headers={"Accept": "application/json"})
-        return [_record_text(record) for record in body["content"]]
+        records: list[dict[str, Any]] = body["content"]
+        return records
 
     def mark(self, dag_id: str, run_id: str, task_id: str, state: str) -> None:
         """"Mark as failed/success" on one task instance."""

@@ -6,6 +6,8 @@ cluster not READY."""
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,3 +74,38 @@ def test_cleared_training_waits_for_the_new_cluster_without_a_failed_try(api: Ai
                              "\n".join(api.log(DAG_ID, cleared.run_id, "train", t["try_number"])[-15:])
                              for t in cleared.tries if t["state"] != "success")
     assert [(t["try_number"], t["state"]) for t in cleared.tries] == [(1, "success"), (2, "success")], failed_tries
+
+
+@pytest.fixture(scope="module")
+def failed_training(api: AirflowApi, fake_gcs: GcsStorage) -> tuple[str, str]:
+    """A run of ``raytpu_training_error``, whose train loop raises at step 0: its id and final state."""
+    api.unpause("raytpu_training_error")
+    run_id = api.trigger("raytpu_training_error", {"storage": fake_gcs.uri("deployment-training-error")})
+    return run_id, api.wait_run("raytpu_training_error", run_id, timeout=420)
+
+
+def test_a_failed_training_reads_as_cleanly_as_a_success(api: AirflowApi, failed_training: tuple[str, str]) -> None:
+    """The failed training task's log, read through REST as the UI gets it: no escape codes (raw or escaped in
+    the logged trigger event), the task's error first names the job and the loop's own exception and place,
+    and the loop's traceback is there once (the driver's, at the end of the job's log)."""
+    run_id, state = failed_training
+    assert state == "failed", api.run_report("raytpu_training_error", run_id)
+    assert [(t["try_number"], t["state"]) for t in api.tries("raytpu_training_error", run_id, "train")] == [
+        (1, "failed")]
+    records = api.log_records("raytpu_training_error", run_id, "train", 1)
+    raw = json.dumps(records)
+    assert "\\u001b" not in raw and "\\\\x1b" not in raw  # neither the character nor its escaped spelling
+    errors = [detail["exc_value"] for record in records for detail in record.get("error_detail") or []
+              if detail.get("exc_type") == "AirflowException"]
+    assert len(errors) == 1, raw[-4000:]
+    headline, where, *_ = errors[0].splitlines()
+    assert re.fullmatch(r"Ray job raytpu-\S+-try1 FAILED: ValueError: could not convert string to float: 'fast'",
+                        headline), errors[0]
+    assert where == "  at pipeline/train_loop.py, line 101, in train"
+    lines = [str(record.get("event", "")) for record in records]
+    source = [i for i, line in enumerate(lines) if 'optimizer = make_optimizer(float(config["learning_rate"]))' in line]
+    assert len(source) == 1, "\n".join(lines[-60:])
+    job_id = headline.split()[2]
+    assert any(line.startswith(f"Ray job {job_id} FAILED after ") for line in lines), lines
+    assert "run_user_loop" not in raw
+    assert api.task("raytpu_training_error", run_id, "delete_cluster")["state"] == "success"

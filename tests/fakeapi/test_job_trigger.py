@@ -199,6 +199,24 @@ async def test_the_tasks_secrets_are_masked_in_the_triggerer_that_follows_its_jo
     assert secret not in out and "[ray job] connecting with ***" in out
 
 
+async def test_a_job_that_ended_with_a_traceback_sends_its_exception_and_place_not_its_tail(
+        jobs: JobsStub, kube: FakeKubeApiServer) -> None:
+    """Airflow logs the whole event: the traceback, already in the task log once, is not sent again; its
+    exception (masked) and innermost frame are what the task's error starts with."""
+    from airflow_provider_raytpu.triggers.ray_job import seal_secrets
+
+    secret = "env-" + "c0ffee5eed42"
+    jobs.add("a", "job-4", log="step 0\n")
+    task = asyncio.create_task(first_event(trigger("a", "job-4", sealed_secrets=seal_secrets([secret]))))
+    await asyncio.to_thread(kube.wait_for, lambda: jobs.open_tails == 1, 10)
+    jobs.finish("a", "job-4", status="FAILED", message="Job entrypoint command failed with exit code 1",
+                text=('Traceback (most recent call last):\n  File "/app/job.py", line 3, in <module>\n    main()\n'
+                      f"ValueError: bad key {secret}\n"))
+    event = await task
+    assert event["error"] == {"exception": "ValueError: bad key ***", "where": "/app/job.py, line 3, in <module>"}
+    assert "log_tail" not in event
+
+
 async def test_a_failed_jobs_event_carries_no_terminal_escape_codes(jobs: JobsStub, kube: FakeKubeApiServer) -> None:
     """Ray colours its workers' prefixes and dedup notes; the task's error (the event's message and tail) is read
     in a browser, where they show as raw escape characters."""

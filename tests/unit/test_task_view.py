@@ -47,16 +47,6 @@ def test_job_lines_lose_colour_codes_and_progress_redraws() -> None:
         "Reading: 100%|#####| 10/10", "(RayTrainWorker pid=812) train_loop: step 5 loss 0.25 (checkpoint)"]
 
 
-def test_the_follower_hands_out_each_whole_line_once() -> None:
-    follower = JobLogFollower()
-    assert follower.new_lines("one\ntw", final=False) == ["one"]
-    assert follower.new_lines("one\ntwo\nthr", final=False) == ["two"]
-    assert follower.new_lines("one\ntwo\nthree", final=True) == ["three"]
-    assert follower.new_lines("one\ntwo\nthree", final=True) == []
-    resumed = JobLogFollower(follower.logged_chars)  # after a deferral
-    assert resumed.new_lines("one\ntwo\nthree\nfour\n", final=False) == ["four"]
-
-
 def test_a_known_harmless_ray_traceback_is_one_line_that_explains_it() -> None:
     cleaner = "\x1b[36m(PlacementGroupCleaner pid=7244)\x1b[0m "
     log = "".join(f"{cleaner}{text}\n" for text in (
@@ -66,21 +56,22 @@ def test_a_known_harmless_ray_traceback_is_one_line_that_explains_it() -> None:
     )) + "(RayTrainWorker pid=7312) train_loop: step 5 loss 0.25 (checkpoint)\n" + (
         f"{cleaner}Traceback (most recent call last):\n")
     follower = JobLogFollower()
-    lines = follower.new_lines(log, final=True)
+    lines = follower.shown(log)
     assert len(lines) == 2 and lines[0].startswith("(PlacementGroupCleaner) Ray Train's placement-group cleaner")
     assert lines[1] == "(RayTrainWorker pid=7312) train_loop: step 5 loss 0.25 (checkpoint)"
     other = "(TrainController pid=7205) Traceback (most recent call last):\n"
-    assert follower.new_lines(log + other, final=True) == [
-        "(TrainController pid=7205) Traceback (most recent call last):"]
+    # Another actor's traceback: its header (tests/unit/test_job_errors.py).
+    assert follower.shown(log + other)[1:] == [
+        "(TrainController pid=7205) Traceback (most recent call last): (frames: in the Ray dashboard's job log)"]
 
 
 def test_the_job_supervisors_entrypoint_line_shows_secret_json_by_its_keys() -> None:
     config = json.dumps({"seed": 11, "token": "s3cret"})
     log = f"Running entrypoint for job raytpu-1-try1: python -m train --config '{config}' --steps 3\n"
-    assert JobLogFollower().new_lines(log, final=False) == [
+    assert JobLogFollower().shown(log) == [
         "Running entrypoint for job raytpu-1-try1: python -m train --config '<JSON with keys: seed, token>' --steps 3"]
     plain = "Running entrypoint for job raytpu-2-try1: python -c 'print(1)'\n"
-    assert JobLogFollower().new_lines(plain, final=False) == [plain.strip()]
+    assert JobLogFollower().shown(plain) == [plain.strip()]
 
 
 def test_the_closing_line_names_job_status_time_and_result() -> None:
@@ -300,7 +291,7 @@ def test_secret_arguments_show_their_keys_only_wherever_the_command_is_repeated(
     assert job_message(message) == "Job entrypoint command failed with exit code 3"
     assert job_message("Failed to set up runtime environment.\n--config '{\"a\": 1}'") == (
         "Failed to set up runtime environment.\n--config '<JSON with keys: a>'")
-    assert JobLogFollower().new_lines(line + "\n", final=True) == [masked]
+    assert JobLogFollower().shown(line + "\n") == [masked]
 
 
 def test_secret_values_are_registered_with_airflows_masker() -> None:

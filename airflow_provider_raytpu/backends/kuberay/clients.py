@@ -10,6 +10,9 @@ The sync client is one per backend (one per task in a worker). The async client 
 connection per event loop, shared by every trigger of the triggerer
 (:class:`~airflow_provider_raytpu.backends.kuberay.shared_client.SharedApiClient`).
 
+Every request names the provider in its ``User-Agent`` (:data:`USER_AGENT`), so that an API server's audit
+log tells its requests from other clients'.
+
 Every sync request has a timeout on both backends (the cncf hook's ``API_TIMEOUT``, as its own client
 sets; the GKE hook's client sets none, so a half-open connection would hang a teardown for ever), and the
 Retry-After that urllib3 obeys under the sync client is capped at :data:`RETRY_AFTER_CAP` seconds (urllib3's
@@ -28,7 +31,7 @@ from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import API_TI
 from kubernetes import client as k8s
 from urllib3.util.retry import Retry
 
-from airflow_provider_raytpu.backends.kuberay.shared_client import SharedApiClient
+from airflow_provider_raytpu.backends.kuberay.shared_client import USER_AGENT, SharedApiClient
 from airflow_provider_raytpu.loop_shared import loop_shared
 
 if TYPE_CHECKING:
@@ -59,6 +62,7 @@ class TimeoutApiClient(k8s.ApiClient):  # type: ignore[misc]  # kubernetes ships
     def __init__(self, configuration: k8s.Configuration, request_timeout: float = API_TIMEOUT) -> None:
         super().__init__(configuration)
         self.request_timeout = request_timeout
+        self.user_agent = USER_AGENT
 
     def call_api(self, *args: Any, **kwargs: Any) -> Any:
         # The generated methods pass _request_timeout=None explicitly: None means "for ever".

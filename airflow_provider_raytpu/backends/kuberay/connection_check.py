@@ -17,17 +17,16 @@ from kubernetes.client.rest import ApiException
 if TYPE_CHECKING:
     from airflow_provider_raytpu.backends.kuberay.clients import KubeClients
 
-RAY_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
 #: The provider's Role (docs/rbac.yaml): (API group, resource) -> verbs.
 ROLE_VERBS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("ray.io", "rayclusters"): RAY_VERBS,
-    ("ray.io", "rayservices"): RAY_VERBS,
-    ("", "pods"): ("get", "list", "watch"),
-    ("", "events"): ("get", "list", "watch"),
+    ("ray.io", "rayclusters"): ("get", "list", "watch", "create", "update", "patch", "delete"),
+    ("ray.io", "rayservices"): ("get", "list", "watch", "create", "update", "delete"),
+    ("", "pods"): ("list",),
+    ("", "events"): ("list",),
     ("", "services/proxy"): ("get", "create", "update"),
     ("", "secrets"): ("get",),
-    ("kueue.x-k8s.io", "workloads"): ("get", "list"),
-    ("kueue.x-k8s.io", "localqueues"): ("get", "list"),
+    ("kueue.x-k8s.io", "workloads"): ("list",),
+    ("kueue.x-k8s.io", "localqueues"): ("get",),
 }
 WEBHOOK_FIX = ("on GKE, enable the Ray operator add-on (gcloud container clusters update CLUSTER "
                "--update-addons=RayOperator=ENABLED); elsewhere install ai-on-gke's kuberay-tpu-webhook")

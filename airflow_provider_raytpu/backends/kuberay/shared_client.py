@@ -29,12 +29,16 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from airflow_provider_raytpu.version import __version__
+
 if TYPE_CHECKING:
     import aiohttp
     from kubernetes_asyncio import client as k8s_async
 
 log = logging.getLogger(__name__)
 
+#: How the provider's requests name themselves to the API server (its audit log, ``apiserver_request_total``).
+USER_AGENT = f"airflow-provider-raytpu/{__version__}"
 CLIENT_MAX_AGE_SECONDS = 3600.0
 CREDENTIALS_MAX_AGE_SECONDS = 300.0
 
@@ -214,6 +218,7 @@ class SharedApiClient:
         _adopt_credentials(configuration, loaded, headers)
         client = await asyncio.to_thread(_build_client, asyncio.get_running_loop(), configuration)
         client.default_headers.update({k: v for k, v in headers.items() if k.lower() != "authorization"})
+        client.user_agent = USER_AGENT
         generation = _Generation(hook, client)
         if "BearerToken" in configuration.api_key:
             configuration.refresh_api_key_hook = self._refresher(generation)

@@ -10,6 +10,7 @@ slices.)
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -240,3 +241,51 @@ def test_a_cleared_training_task_starts_over_and_its_config_stays_out_of_the_log
     assert "--config '<JSON with keys: seed, total_steps, checkpoint_every, eval_dataset>'" in shown
     assert "Submitted Ray job raytpu-" in log and "<JSON with keys: seed, total_steps" in log
     assert '"checkpoint_every": 5' not in log and '"seed": 11' not in log
+
+
+
+def test_a_train_loop_that_raises_fails_the_task_with_the_users_error_first(
+        request: pytest.FixtureRequest, airflow_home: Path, emulated_cluster: EmulatedCluster,
+        fake_gcs: GcsStorage) -> None:
+    """A config the train loop cannot use (``learning_rate: "fast"``) fails it at step 0, on both workers, in
+    both attempts Ray Train makes (``max_failures=1``). The task's error starts with the job's id and the
+    loop's own exception and names where it was raised; the loop's traceback is in the log once (the driver's,
+    without the provider's frames), each worker's and the controller's as their first and last lines; no
+    escape codes anywhere."""
+    dag = f'''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.jax_trainer import JaxTrainerOperator
+
+with DAG("train_raises", schedule=None, start_date=datetime(2026, 1, 1)):
+    JaxTrainerOperator(
+        task_id="train", cluster_name="train", train_loop="pipeline.train_loop:train_loop_per_worker",
+        checkpoint_uri={fake_gcs.uri("ckpt-raises")!r}, config={{"learning_rate": "fast", "total_steps": 4}},
+        accelerator="v6e", topology="2x4", chips_per_host=4, runtime_env={{"py_modules": [{str(PIPELINE)!r}]}},
+        max_failures=1, deferrable=False, poll_interval=0.5,
+    )
+'''
+    with captured_output(request.config) as logs:
+        outcome = run_dag(airflow_home, dag, "train_raises")["train"]
+    assert (outcome.state, outcome.try_number) == ("failed", 1)
+    if not logs.out:
+        pytest.skip("pytest does not capture output (-s): no task log to read")
+    log = logs.out + logs.err
+    assert "\x1b" not in log
+    error = re.search(r"AirflowException: (Ray job raytpu-\S+-try1 FAILED: .*)\n(.*)\n(.*)", log)
+    assert error is not None, log[-3000:]
+    assert error.group(1).endswith("FAILED: ValueError: could not convert string to float: 'fast'")
+    assert error.group(2) == "  at pipeline/train_loop.py, line 101, in train"
+    assert error.group(3).startswith("(its traceback ends the job's log above; Ray: Job entrypoint command failed")
+    closing = next(line for line in log.splitlines() if "[error" in line and " FAILED after " in line)
+    assert "ValueError: could not convert string to float: 'fast'" in closing
+    assert log.count('optimizer = make_optimizer(float(config["learning_rate"]))') == 1
+    job = [line.split("[ray job] ", 1)[1].split(" [airflow_provider_raytpu")[0].rstrip()
+           for line in log.splitlines() if "[ray job] " in line]
+    driver = [line for line in job if not line.startswith("(")]  # not a Ray actor's
+    assert driver[-3:] == ["                               ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+                           "ValueError: could not convert string to float: 'fast'",
+                           "error: training failed on ranks 0, 1"]
+    assert '  File "pipeline/train_loop.py", line 101, in train' in driver and "run_user_loop" not in log
+    actors = [line for line in job if line.startswith("(") and "Traceback (most recent call last)" in line]
+    assert actors and all(line.endswith("(frames: in the Ray dashboard's job log)") for line in actors)
