@@ -165,8 +165,8 @@ def before(input_uri: str, output_uri: str, transform: str) -> None:
     options = ({"compute": ray.data.ActorPoolStrategy(size=1)} if isinstance(function, type) else {})
     source = read_dataset(input_uri, "jsonl")
     source.count()
-    target, _ = write_parquet_replacing(source.map_batches(function, batch_format="numpy", **options), output_uri,
-                                     "bench")
+    target, _, _ = write_parquet_replacing(source.map_batches(function, batch_format="numpy", **options),
+                                           output_uri, "bench")
     read_dataset(target.uri, "parquet").count()
 
 

@@ -17,7 +17,7 @@ from airflow_provider_raytpu.operators.base import (
     is_templated,
     mark_outlets,
 )
-from airflow_provider_raytpu.operators.lineage import checkpoint_directory, storage_dataset, task_lineage
+from airflow_provider_raytpu.operators.lineage import checkpoint_dataset, storage_dataset, task_lineage
 from airflow_provider_raytpu.operators.links import (
     CheckpointsLink,
     ProfileLink,
@@ -277,13 +277,11 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         return task_lineage(self.input_datasets(), [storage_dataset(self.checkpoint_uri)])
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """The datasets it read; the directory of its run's checkpoints, versioned by the step of the last one."""
+        """The datasets it read; ``checkpoint_uri`` (as on start), versioned by its last checkpoint
+        (``<run>/orbax/<step>``)."""
         result = self.job_result
-        checkpoint = storage_dataset(self.checkpoint_uri)
-        if result.get("checkpoint_uri"):
-            checkpoint = storage_dataset(checkpoint_directory(str(result["checkpoint_uri"])),
-                                         version=None if result.get("steps") is None else str(result["steps"]))
-        return task_lineage(self.input_datasets(), [checkpoint])
+        version = checkpoint_dataset(str(result["checkpoint_uri"]))[1] if result.get("checkpoint_uri") else None
+        return task_lineage(self.input_datasets(), [storage_dataset(self.checkpoint_uri, version=version)])
 
     def record_attempts(self, run_name: str) -> None:
         """Push what the run's restarts cost (``training_attempts``) and put it on the outlets' asset events."""

@@ -44,10 +44,24 @@ def is_storage_uri(value: str) -> bool:
     return "://" in value or value.startswith("/")
 
 
-def checkpoint_directory(checkpoint: str) -> str:
-    """The directory of a training run's checkpoints, from the URI of one step (``.../orbax/30`` -> ``.../orbax``)."""
-    head, _, last = checkpoint.rstrip("/").rpartition("/")
-    return head if head and last.isdigit() else checkpoint.rstrip("/")
+def checkpoint_dataset(checkpoint: str) -> tuple[str, str | None]:
+    """The dataset a checkpoint belongs to, and its version there.
+
+    A checkpoint the training task wrote, ``<checkpoint_uri>/<run>/orbax/<step>``, is a version of the
+    ``checkpoint_uri`` the task declared (``("gs://b/ckpt", "run-1/orbax/30")``), so the training task's
+    START and COMPLETE events and a task reading the checkpoint name one dataset. Another checkpoint is a
+    version of its directory (``gs://b/models/30`` -> ``("gs://b/models", "30")``), or a dataset of its own.
+
+    :param checkpoint: the URI of one checkpoint.
+    """
+    directory, _, step = checkpoint.rstrip("/").rpartition("/")
+    if not (step.isdigit() and directory.rstrip("/")):
+        return checkpoint.rstrip("/"), None
+    run_directory, _, orbax = directory.rpartition("/")
+    root, _, run = run_directory.rpartition("/")
+    if orbax == "orbax" and run and root.rstrip("/"):
+        return root, f"{run}/orbax/{step}"
+    return directory, step
 
 
 def storage_dataset(uri: str, *, rows: int | None = None, version: str | None = None) -> Dataset:

@@ -45,6 +45,12 @@ def output_owner(context: Context) -> str:
                       sort_keys=True)
 
 
+def output_attempt(context: Context) -> dict[str, Any]:
+    """Which run and try of the task writes: its staging prefix, and who writers waiting for the output see."""
+    ti = context["ti"]
+    return {"run_id": ti.run_id, "try_number": ti.try_number}
+
+
 def asset_for(uri: Any) -> list[Asset]:
     """An outlet for a literal URI; a templated one (Jinja, an ``XComArg``) is only known at run time."""
     return [Asset(uri)] if isinstance(uri, str) and uri and not is_templated(uri) else []
@@ -56,13 +62,17 @@ class RayDataOperator(SubmitRayJobOperator):
     The transform is ``"package.module:name"``: a function (stateless, run as tasks)
     or a callable class (stateful, e.g. an embedding model loaded once per actor, run
     as an actor pool of ``concurrency`` actors, each with its own resources such as one
-    TPU host). Re-running the same output URI replaces it, so a retry or a rerun of
-    the same logical date never duplicates rows; it removes only what this task wrote there
+    TPU host). Re-running the same output URI replaces it, so a retry or a rerun of the
+    same logical date never duplicates rows; it removes only what this task wrote there
     before (the output carries a record of its task and files), and an output prefix that
-    holds anything else, or overlaps the input, is refused before anything is written. Returns ``rows_in``,
-    ``rows_out``, ``output_uri``, ``seconds`` and ``rows_per_second``. A literal ``output_uri`` is
-    declared as an Airflow asset, so downstream DAGs can be scheduled on it; the asset event of
-    each outlet carries ``rows_in``, ``rows_out`` and ``output_uri`` as extras.
+    holds anything else, or overlaps the input, is refused before anything is written.
+    Runs writing one ``output_uri`` at once (a backfill) each stage apart and replace it one
+    at a time, the last winning whole; a run waits for another's swap with progress lines,
+    then fails (and retries). Returns ``rows_in``, ``rows_out``, ``output_uri``,
+    ``output_version``, ``input_version``, ``seconds`` and ``rows_per_second``. A literal
+    ``output_uri`` is declared as an Airflow asset, so downstream DAGs can be scheduled on
+    it; the asset event of each outlet carries ``rows_in``, ``rows_out``, ``output_uri`` and
+    ``output_version`` as extras.
 
     :param cluster: the cluster reference (``create.output``), instead of ``cluster_name``.
     :param cluster_name: the RayCluster's name.
@@ -134,7 +144,7 @@ class RayDataOperator(SubmitRayJobOperator):
                           plural(tpu.host_chips, "chip"))
         args = ["python", "-m", "airflow_provider_raytpu.workloads.preprocess", "--input", self.input_uri,
                 "--output", self.output_uri, "--transform", self.transform, "--batch-format", self.batch_format,
-                "--owner", output_owner(context)]
+                "--owner", output_owner(context), "--attempt", json.dumps(output_attempt(context))]
         optional = {"--format": self.input_format, "--batch-size": self.batch_size, "--concurrency": self.concurrency,
                     "--num-tpus-per-actor": self.num_tpus_per_actor}
         args += [str(v) for flag, value in optional.items() if value is not None for v in (flag, value)]
@@ -146,12 +156,15 @@ class RayDataOperator(SubmitRayJobOperator):
 
     def after_job(self, result: Any) -> None:
         if self.job_result:
-            mark_outlets(self, {key: self.job_result.get(key) for key in ("rows_in", "rows_out", "output_uri")})
+            mark_outlets(self, {key: self.job_result.get(key)
+                                for key in ("rows_in", "rows_out", "output_uri", "output_version")})
 
     def get_openlineage_facets_on_start(self) -> Any:
         return task_lineage([storage_dataset(self.input_uri)], [storage_dataset(self.output_uri)])
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """What it read and wrote, each versioned by the version read and committed (provider outputs)."""
         result = self.job_result
-        return task_lineage([storage_dataset(self.input_uri)],
-                            [storage_dataset(result.get("output_uri") or self.output_uri, rows=result.get("rows_out"))])
+        return task_lineage([storage_dataset(self.input_uri, version=result.get("input_version"))],
+                            [storage_dataset(result.get("output_uri") or self.output_uri, rows=result.get("rows_out"),
+                                             version=result.get("output_version"))])

@@ -34,7 +34,7 @@ from airflow_provider_raytpu.operators.base import (
 )
 from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
 from airflow_provider_raytpu.operators.lineage import (
-    checkpoint_directory,
+    checkpoint_dataset,
     is_storage_uri,
     service_dataset,
     storage_dataset,
@@ -202,11 +202,15 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         return self.deployed
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """The checkpoint directory the promoted version comes from (a storage URI), and the service serving it."""
+        """The checkpoints the promoted version comes from (a storage URI; the training task's ``checkpoint_uri``,
+        versioned by the checkpoint), and the service serving it."""
         if not self.deployed:
             return task_lineage([], [])
         version = self.deployed["version"]
-        source = [storage_dataset(checkpoint_directory(version))] if version and is_storage_uri(version) else []
+        source = []
+        if version and is_storage_uri(version):
+            checkpoints, checkpoint = checkpoint_dataset(version)
+            source.append(storage_dataset(checkpoints, version=checkpoint))
         return task_lineage(source, [service_dataset(self.deployed["namespace"], self.deployed["service_name"],
                                                      version)])
 

@@ -20,7 +20,8 @@ Re-running for the same output URI replaces the output its task (``--owner``) wr
 and refuses a prefix holding anything else (see
 :func:`~airflow_provider_raytpu.workloads.outputs.replace_output`); an output that overlaps
 the input (the same prefix, or one inside the other) is refused before anything is read. The job
-prints ``RAYTPU_RESULT {"rows_in", "rows_out", "output_uri", "seconds", "rows_per_second"}``.
+prints ``RAYTPU_RESULT {"rows_in", "rows_out", "output_uri", "output_version", "input_version", "seconds",
+"rows_per_second"}`` (``input_version``: the version read when the input is an output this provider wrote).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_raytpu.workloads.datasets import FORMATS, read_dataset, write_parquet_replacing
+from airflow_provider_raytpu.workloads.datasets import FORMATS, read_committed, write_parquet_replacing
+from airflow_provider_raytpu.workloads.lease import LeaseLostError, OutputLeaseBusyError
 from airflow_provider_raytpu.workloads.loading import load_object
 from airflow_provider_raytpu.workloads.outputs import OutputNotOwnedError
 from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, report_result
@@ -62,6 +64,8 @@ class PreprocessSpec:
     :param batch_format: the batch type the transform receives: ``numpy`` (dict of
         arrays), ``pandas`` or ``pyarrow``.
     :param owner: the task writing the output (only its own earlier output is replaced).
+    :param attempt: the run and try writing it (``{"run_id", "try_number"}``): its staging prefix, and
+        what writers waiting for the output are shown.
     """
 
     input_uri: str
@@ -75,6 +79,7 @@ class PreprocessSpec:
     transform_kwargs: dict[str, Any] = field(default_factory=dict)
     batch_format: str = "numpy"
     owner: str = ""
+    attempt: dict[str, Any] = field(default_factory=dict)
 
 
 def check_output_apart(input_uri: str, output_uri: str) -> None:
@@ -152,13 +157,13 @@ def run_preprocess(spec: PreprocessSpec) -> dict[str, Any]:
 
         from airflow_provider_raytpu.workloads.row_tally import rows_read, start_tally
 
-        source = read_dataset(spec.input_uri, spec.input_format)
+        source, input_version = read_committed(spec.input_uri, spec.input_format)
         in_one_task = counted_in_one_task(spec, load_object(spec.transform))
         tally = None if in_one_task else start_tally()
         try:
             write = {"ray_remote_args": _remote_args(spec)} if in_one_task else {}  # the same: Ray fuses them
-            target, written = write_parquet_replacing(transform_dataset(source, spec, tally), spec.output_uri,
-                                                      spec.owner, **write)
+            target, version, written = write_parquet_replacing(transform_dataset(source, spec, tally),
+                                                               spec.output_uri, spec.owner, spec.attempt, **write)
             rows_in = rows_read(written, tally)
         finally:
             if tally is not None:
@@ -174,6 +179,8 @@ def run_preprocess(spec: PreprocessSpec) -> dict[str, Any]:
         "rows_in": rows_in,
         "rows_out": int(written.num_rows),
         "output_uri": target.uri,
+        "output_version": version,
+        "input_version": input_version,
         "seconds": round(seconds, 3),
         "rows_per_second": round(rows_in / seconds, 3) if seconds > 0 else None,
     }
@@ -203,6 +210,8 @@ def parse_args(argv: Sequence[str] | None = None) -> PreprocessSpec:
     parser.add_argument("--transform-kwargs", type=_json_object, default={})
     parser.add_argument("--batch-format", choices=("numpy", "pandas", "pyarrow"), default="numpy")
     parser.add_argument("--owner", default="", help="the task writing the output (its earlier output is replaced)")
+    parser.add_argument("--attempt", type=_json_object, default={},
+                        help='the run and try writing, e.g. {"run_id": "manual__1", "try_number": 1}')
     args = parser.parse_args(argv)
     return PreprocessSpec(
         input_uri=args.input,
@@ -216,6 +225,7 @@ def parse_args(argv: Sequence[str] | None = None) -> PreprocessSpec:
         transform_kwargs=args.transform_kwargs,
         batch_format=args.batch_format,
         owner=args.owner,
+        attempt=args.attempt,
     )
 
 
@@ -242,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parse, run, print the result line. Returns the process exit code:
     :data:`~airflow_provider_raytpu.workloads.result.EXIT_BAD_INPUT` for input only the
     DAG's author can fix (a transform that cannot be imported, a missing input, a missing
-    column), so the task fails without retries.
+    column), so the task fails without retries; 1 when another run kept the output's lease too long.
 
     :param argv: arguments without the program name.
     """
@@ -252,6 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ImportError, FileNotFoundError, TypeError, OutputOverlapError, OutputNotOwnedError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except (OutputLeaseBusyError, LeaseLostError) as error:  # another run is replacing the output: retry later
+        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
     except Exception as error:
         if (missing := _missing_column(error)) is None:
             raise

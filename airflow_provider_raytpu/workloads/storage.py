@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -194,15 +195,22 @@ def list_files(uri: str) -> list[str]:
 
 
 def write_file(location: Location, data: bytes) -> None:
-    """Write ``data`` as the file at ``location``, replacing it (local parent directories are made).
+    """Write ``data`` as the file at ``location``, replacing it whole: a reader sees the old bytes or the new,
+    never part (GCS objects are; a local file is written beside it as a hidden file, then renamed over it).
 
-    :param location: where the file goes.
+    :param location: where the file goes (local parent directories are made).
     :param data: its bytes.
     """
-    if isinstance(location.filesystem, pafs.LocalFileSystem):
-        os.makedirs(os.path.dirname(location.path), exist_ok=True)
-    with location.filesystem.open_output_stream(location.path) as out:
+    if not isinstance(location.filesystem, pafs.LocalFileSystem):
+        with location.filesystem.open_output_stream(location.path) as out:
+            out.write(data)
+        return
+    directory, name = os.path.split(location.path)
+    os.makedirs(directory, exist_ok=True)
+    staged = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:8]}")
+    with open(staged, "wb") as out:
         out.write(data)
+    os.replace(staged, location.path)
 
 
 def delete_prefix(uri: str) -> None:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from airflow_provider_raytpu.operators.lineage import checkpoint_directory, dataset_id, is_storage_uri
+from airflow_provider_raytpu.operators.lineage import checkpoint_dataset, dataset_id, is_storage_uri
 
 
 @pytest.mark.parametrize(("uri", "expected"), [
@@ -25,7 +25,10 @@ def test_a_relative_local_path_is_named_by_its_absolute_path() -> None:
     assert dataset_id("data/x") == ("file", os.path.join(os.getcwd(), "data", "x"))
 
 
-def test_a_checkpoint_step_belongs_to_its_runs_directory() -> None:
-    assert checkpoint_directory("gs://b/ckpt/run-1/orbax/30") == "gs://b/ckpt/run-1/orbax"
-    assert checkpoint_directory("gs://b/ckpt/run-1/orbax/") == "gs://b/ckpt/run-1/orbax"
+def test_a_checkpoint_is_a_version_of_the_checkpoint_uri_its_training_task_declared() -> None:
+    assert checkpoint_dataset("gs://b/ckpt/run-1/orbax/30") == ("gs://b/ckpt", "run-1/orbax/30")
+    assert checkpoint_dataset("gs://b/run-1/orbax/30/") == ("gs://b", "run-1/orbax/30")
+    assert checkpoint_dataset("/mnt/models/30") == ("/mnt/models", "30")
+    assert checkpoint_dataset("gs://b/ckpt/run-1/orbax/") == ("gs://b/ckpt/run-1/orbax", None)
+    assert checkpoint_dataset("/30") == ("/30", None)
     assert [is_storage_uri(v) for v in ("gs://b/x", "/mnt/ckpt", "v2")] == [True, True, False]

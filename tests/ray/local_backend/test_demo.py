@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_raytpu.operators.lineage import checkpoint_dataset
 from example_dags.demo.run import DAG_ID, REPORT, run
 from tests.support.lineage import completed, datasets
 from tests.support.task_logs import LOADED_SILENCE_LIMIT_SECONDS, problems, task_instances_in, task_logs
@@ -55,15 +56,25 @@ def test_the_demo_succeeds_and_its_task_logs_read_cleanly(tmp_path: Path, monkey
     # Lineage: raw rows -> features (with the rows written) -> the checkpoints (versioned by step) -> the service.
     events = completed(lineage, DAG_ID)
     features = outcomes["preprocess"]["result"]["output_uri"].removeprefix("gs://raytpu-demo/")
-    orbax = checkpoint.removeprefix("gs://raytpu-demo/").removesuffix("/30")
+    checkpoints, checkpoint_version = checkpoint_dataset(checkpoint)
+    checkpoints = checkpoints.removeprefix("gs://raytpu-demo/")
     assert datasets(events["preprocess"], "inputs") == [("gs://raytpu-demo", "raw/rows.jsonl")]
     assert datasets(events["preprocess"], "outputs") == [("gs://raytpu-demo", features)]
+    assert (events["preprocess"]["outputs"][0]["facets"]["version"]["datasetVersion"]
+            == outcomes["preprocess"]["result"]["output_version"])
     written = events["preprocess"]["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"]
     assert written == outcomes["preprocess"]["result"]["rows_out"]
     assert datasets(events["train"], "inputs") == [("gs://raytpu-demo", features)]
-    assert datasets(events["train"], "outputs") == [("gs://raytpu-demo", orbax)]
-    assert events["train"]["outputs"][0]["facets"]["version"]["datasetVersion"] == "30"
-    assert datasets(events["promote_model"], "inputs") == [("gs://raytpu-demo", orbax)]
+    # START and COMPLETE name the same datasets; the checkpoint is a version of the declared checkpoint_uri.
+    started = completed(lineage, DAG_ID, "START")
+    for task in ("preprocess", "train"):
+        assert [datasets(started[task], side) for side in ("inputs", "outputs")] == [
+            datasets(events[task], side) for side in ("inputs", "outputs")], task
+    assert datasets(events["train"], "outputs") == [("gs://raytpu-demo", checkpoints)]
+    assert checkpoint_version.endswith("/orbax/30")
+    assert events["train"]["outputs"][0]["facets"]["version"]["datasetVersion"] == checkpoint_version
+    assert datasets(events["promote_model"], "inputs") == [("gs://raytpu-demo", checkpoints)]
+    assert events["promote_model"]["inputs"][0]["facets"]["version"]["datasetVersion"] == checkpoint_version
     assert datasets(events["promote_model"], "outputs") == [("rayservice://default", "finetuned-regressor")]
     assert events["promote_model"]["outputs"][0]["facets"]["version"]["datasetVersion"] == checkpoint
     report = outcomes["run_report"]["result"]

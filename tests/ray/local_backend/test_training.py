@@ -118,7 +118,8 @@ def test_preprocess_then_train(reference: dict, fake_gcs: GcsStorage) -> None:
     with create_session() as session:
         extras = dict(session.execute(select(AssetEvent.source_task_id, AssetEvent.extra).where(
             AssetEvent.source_dag_id == "pipeline_ok")).all())
-    assert extras["preprocess"] == {"rows_in": 600, "rows_out": 600, "output_uri": prep["output_uri"]}
+    assert extras["preprocess"] == {"rows_in": 600, "rows_out": 600, "output_uri": prep["output_uri"],
+                                    "output_version": prep["output_version"]}
     assert extras["train"] == {"checkpoint_uri": train["checkpoint_uri"], "checkpoint_step": 30,
                                "run_name": train["run_name"], "training_attempts": reference["attempts"]}
 

@@ -140,11 +140,13 @@ def test_gcs_job_replaces_its_output_on_rerun(ray_slice: EmulatedSlice, fake_gcs
     first_files = fake_gcs.objects(prefix + "/")
     first_rows = read_output(output)
 
-    # Leftovers of a crashed attempt of this task: its temporary prefix (with its record, written first).
+    # Leftovers of a crashed earlier try of this run: its staging prefix (with its record, written first).
     location = storage.resolve(output)
-    temporary = location.sibling(location.name + outputs.TEMP_SUFFIX)
-    outputs.write_record(temporary, outputs.OutputRecord(""))
-    storage.write_file(temporary.child("part-0-from-a-crashed-attempt.parquet"), b"junk")
+    crashed = location.sibling(location.name + outputs.TEMP_SUFFIX).child(
+        outputs.staging_name("", {"run_id": "r1", "try_number": 1}))
+    outputs.write_record(crashed, outputs.OutputRecord(""))
+    storage.write_file(crashed.child("part-0-from-a-crashed-attempt.parquet"), b"junk")
+    command += ["--attempt", '{"run_id": "r1", "try_number": 2}']
     # A file this task did not write, in its output prefix: refused, nothing deleted, no retry.
     foreign = location.child("stale-duplicate.parquet")
     pq.write_table(pq.read_table(next(f for f in storage.list_files(output) if f.endswith(".parquet")),
@@ -160,9 +162,10 @@ def test_gcs_job_replaces_its_output_on_rerun(ray_slice: EmulatedSlice, fake_gcs
     assert last_result(second.stdout)["rows_out"] == ROWS
     rows = read_output(output)
     assert rows["id"] == list(range(ROWS))  # each row exactly once
-    assert not set(fake_gcs.objects(prefix + "/")) & set(first_files) - {f"{prefix}/{outputs.RECORD_NAME}"}, (
-        "every data file is from the second run")
-    assert not fake_gcs.objects(prefix + ".raytpu-tmp")  # no temp prefix left behind
+    bookkeeping = {f"{prefix}/{name}" for name in outputs.BOOKKEEPING}
+    assert not set(fake_gcs.objects(prefix + "/")) & set(first_files) - bookkeeping, "each data file: second run"
+    staged = [name for name in fake_gcs.objects(prefix + ".raytpu-tmp") if not name.endswith("/")]  # no markers
+    assert not staged, "the crashed try's staging and this try's own: none left"
     # The embedding model is deterministic: same seed, same vectors, in any actor, on any run.
     np.testing.assert_array_equal(np.asarray(rows["embedding"]), np.asarray(first_rows["embedding"]))
     local = Embedder(dim=8)({"text": np.asarray(rows["text"][:5], dtype=object)})
