@@ -17,3 +17,11 @@ def redact(value: Any) -> Any:
     from airflow.sdk._shared.secrets_masker import redact as airflow_redact
 
     return airflow_redact(value)
+
+
+def never_expire() -> Any:
+    """The ``retention`` that keeps a key in Airflow's task state store for as long as its DAG run exists
+    (``NEVER_EXPIRE``, which ``airflow.sdk`` does not export)."""
+    from airflow.sdk.execution_time.context import NEVER_EXPIRE
+
+    return NEVER_EXPIRE

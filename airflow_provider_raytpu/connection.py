@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.manifests.names import check_namespace
+from airflow_provider_raytpu.manifests.names import check_namespace, label_value_problem
 from airflow_provider_raytpu.values import check_prices, parse_bool, parse_int
 
 BACKENDS = ("local", "kubernetes", "gke")
@@ -59,6 +59,10 @@ class ConnectionSettings:
     :param chip_hour_prices: a price per chip-hour by TPU generation and capacity kind,
         ``{"v6e": {"on-demand": 2.7, "spot": 1.1}}``: teardowns estimate each cluster's cost with it
         (a ``DeleteRayClusterOperator``'s own ``chip_hour_prices`` wins). No price is built in.
+    :param deployment: which Airflow deployment this is, recorded on every object and output its tasks make and
+        part of their default names, so two deployments with the same DAG ids (staging and prod) sharing a
+        namespace or a bucket never take each other's. Default: derived from the deployment's Execution API
+        URL (:func:`~airflow_provider_raytpu.hooks.raytpu.default_deployment`).
     """
 
     conn_id: str
@@ -81,6 +85,7 @@ class ConnectionSettings:
     ray_token_auth: bool = True
     insecure_dashboard_http: bool = False
     chip_hour_prices: Mapping[str, Mapping[str, float]] | None = None
+    deployment: str | None = None
 
     @classmethod
     def from_extra(cls, conn_id: str, extra: Mapping[str, Any]) -> ConnectionSettings:
@@ -126,6 +131,9 @@ class ConnectionSettings:
                                                       f"connection {conn_id!r} extra.chip_hour_prices")
         if "namespace" in values:
             check_namespace(values["namespace"], f"connection {conn_id!r} extra.namespace")
+        if "deployment" in values and (problem := label_value_problem(values["deployment"])):
+            raise InvalidInputError(f"connection {conn_id!r} extra.deployment", values["deployment"], problem,
+                                    "Name the deployment as a Kubernetes label value, e.g. 'prod' or 'staging'")
         if backend == "gke":
             missing = [f for f in ("project_id", "location", "cluster") if not values.get(f)]
             if missing:

@@ -67,6 +67,13 @@ CONN_FIELDS = {
         '{"v6e": {"on-demand": 2.7, "spot": 1.1}}. No price is built in.',
         {"type": ["object", "null"]},
     ),
+    "deployment": _field(
+        "Airflow deployment",
+        "This deployment's name (e.g. prod, staging), recorded on every object and output its tasks make, so two "
+        "deployments with the same DAG ids sharing a namespace or bucket never take each other's. Default: "
+        "derived from the Execution API URL.",
+        _STRING,
+    ),
     "local_home": _field("Local state directory", "Backend local: where clusters are recorded.", _STRING),
     "local_max_hosts": _field(
         "Local host limit", "Backend local: the largest slice emulated, in hosts.", {"type": ["integer", "null"]}

@@ -26,6 +26,7 @@ from airflow_provider_raytpu.errors import ConflictError, FatalError
 from airflow_provider_raytpu.manifests.raycluster import (
     ALSO_ADOPTS_ANNOTATION,
     DAG_ID_KEY,
+    DEPLOYMENT_KEY,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     MAP_INDEX_KEY,
@@ -40,10 +41,12 @@ log = logging.getLogger(__name__)
 APPLY_ATTEMPTS = 5
 GONE_TIMEOUT = 600.0
 GONE_POLL_SECONDS = 1.0
-CLUSTER_OWNER = (DAG_ID_KEY, RUN_ID_KEY, TASK_ID_KEY, MAP_INDEX_KEY)
-"""A RayCluster belongs to one DAG run's task (every try of it; one map index of a mapped task)."""
-SERVICE_OWNER = (DAG_ID_KEY, TASK_ID_KEY, MAP_INDEX_KEY)
-"""A RayService belongs to one DAG's task (one map index of a mapped task): later runs of that task promote it."""
+CLUSTER_OWNER = (DEPLOYMENT_KEY, DAG_ID_KEY, RUN_ID_KEY, TASK_ID_KEY, MAP_INDEX_KEY)
+"""A RayCluster belongs to one DAG run's task (every try of it; one map index of a mapped task) in one Airflow
+deployment."""
+SERVICE_OWNER = (DEPLOYMENT_KEY, DAG_ID_KEY, TASK_ID_KEY, MAP_INDEX_KEY)
+"""A RayService belongs to one DAG's task (one map index of a mapped task) in one Airflow deployment: later runs
+of that task promote it."""
 
 
 class OnChange(str, Enum):
@@ -146,20 +149,36 @@ def owner_of(obj: dict[str, Any], keys: Sequence[str]) -> tuple[str | None, ...]
 
 
 def describe_owner(obj: dict[str, Any]) -> str:
-    """``DAG 'x', run 'y', task 'z'`` (``, map index 1`` for a mapped task) as an object's annotations record them."""
+    """``DAG 'x', run 'y', task 'z'`` (``, map index 1`` for a mapped task; ``, deployment 'd'``) as an object's
+    annotations record them."""
     notes = annotations_of(obj)
     if DAG_ID_KEY not in notes:
         return "no Airflow task (no owner annotations)"
     mapped = f", map index {notes[MAP_INDEX_KEY]}" if MAP_INDEX_KEY in notes else ""
-    return f"DAG {notes[DAG_ID_KEY]!r}, run {notes.get(RUN_ID_KEY)!r}, task {notes.get(TASK_ID_KEY)!r}{mapped}"
+    deployed = f", deployment {notes[DEPLOYMENT_KEY]!r}" if DEPLOYMENT_KEY in notes else ""
+    return (f"DAG {notes[DAG_ID_KEY]!r}, run {notes.get(RUN_ID_KEY)!r}, task {notes.get(TASK_ID_KEY)!r}{mapped}"
+            f"{deployed}")
 
 
-def owner_error(existing: dict[str, Any], manifest: dict[str, Any]) -> ConflictError:
-    """The error for a same-named object another DAG, run or task made: never adopted, updated or deleted."""
+def owner_error(existing: dict[str, Any], manifest: dict[str, Any],
+                owner: Sequence[str] = CLUSTER_OWNER) -> ConflictError:
+    """The error for a same-named object another deployment, DAG, run or task made: never adopted, updated or
+    deleted.
+
+    :param owner: the owner annotations compared (:data:`CLUSTER_OWNER`, :data:`SERVICE_OWNER`).
+    """
     kind = manifest.get("kind") or existing.get("kind") or "object"
     metadata = manifest["metadata"]
     mine, theirs = annotations_of(manifest), annotations_of(existing)
-    if mine.get(MAP_INDEX_KEY) != theirs.get(MAP_INDEX_KEY) and all(
+    same_task = all(mine.get(key) == theirs.get(key) for key in owner if key != DEPLOYMENT_KEY)
+    if same_task and DEPLOYMENT_KEY not in theirs:
+        fix = (f"It was made before this provider recorded the Airflow deployment. If it is this deployment's, "
+               f"record that: kubectl annotate -n {metadata['namespace']} {kind.lower()}s {metadata['name']} "
+               f"{DEPLOYMENT_KEY}={mine.get(DEPLOYMENT_KEY)}")
+    elif same_task:
+        fix = ("The same DAG and task in another Airflow deployment made it (the deployments share DAG ids and this "
+               "namespace): give each deployment's raytpu connection its own extra.deployment, or its own namespace.")
+    elif mine.get(MAP_INDEX_KEY) != theirs.get(MAP_INDEX_KEY) and all(
             mine.get(key) == theirs.get(key) for key in (DAG_ID_KEY, TASK_ID_KEY)):
         fix = ("Two map indexes of one mapped task resolve to this name: leave the name unset (each map index "
                "gets its own), or make it differ per map index, e.g. with {{ ti.map_index }}.")
@@ -206,7 +225,7 @@ def check_owner(existing: dict[str, Any], manifest: dict[str, Any], owner: Seque
     if not is_managed(existing):
         raise foreign_error(existing, manifest)
     if owner_of(existing, owner) != owner_of(manifest, owner):
-        raise owner_error(existing, manifest)
+        raise owner_error(existing, manifest, owner)
 
 
 def replacement(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:

@@ -52,6 +52,7 @@ class JobIdentity:
     :param map_index: the map index (-1 when not mapped).
     :param try_number: the Airflow try that submitted the job.
     :param max_tries: the try's ``max_tries``: the same for every retry, changed by a Clear.
+    :param run_token: tells this DAG run from an earlier one with the same run id (deleted, created again).
     """
 
     dag_id: str
@@ -60,10 +61,12 @@ class JobIdentity:
     map_index: int
     try_number: int
     max_tries: int = -1
+    run_token: str = ""
 
     @property
     def task_key(self) -> str:
-        text = json.dumps([self.dag_id, self.task_id, self.run_id, self.map_index])
+        parts: list[object] = [self.dag_id, self.task_id, self.run_id, self.map_index]
+        text = json.dumps(parts + [self.run_token] if self.run_token else parts)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property

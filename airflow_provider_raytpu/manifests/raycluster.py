@@ -31,6 +31,7 @@ from airflow_provider_raytpu.tpu import TPU_RESOURCE, TpuSlice
 
 API_VERSION = "ray.io/v1"
 DAG_ID_KEY = KEY_PREFIX + "dag-id"
+DEPLOYMENT_KEY = KEY_PREFIX + "deployment"
 RUN_ID_KEY = KEY_PREFIX + "run-id"
 TASK_ID_KEY = KEY_PREFIX + "task-id"
 MAP_INDEX_KEY = KEY_PREFIX + "map-index"  # recorded only for a mapped task: absent means not mapped
@@ -77,23 +78,29 @@ class AirflowOrigin:
     :param run_id: the DAG run id.
     :param task_id: the task id.
     :param map_index: the map index of a mapped task; -1 when the task is not mapped.
+    :param deployment: the Airflow deployment the task runs in (the connection's ``deployment``): two
+        deployments with the same DAG ids sharing a namespace never take each other's objects.
     """
 
     dag_id: str
     run_id: str
     task_id: str
     map_index: int = -1
+    deployment: str = ""
 
     def describe(self) -> str:
-        """``DAG 'x', run 'y', task 'z'`` (and ``, map index 1`` for a mapped task)."""
+        """``DAG 'x', run 'y', task 'z'`` (``, map index 1`` for a mapped task; ``, deployment 'd'``)."""
         mapped = f", map index {self.map_index}" if self.map_index >= 0 else ""
-        return f"DAG {self.dag_id!r}, run {self.run_id!r}, task {self.task_id!r}{mapped}"
+        deployed = f", deployment {self.deployment!r}" if self.deployment else ""
+        return f"DAG {self.dag_id!r}, run {self.run_id!r}, task {self.task_id!r}{mapped}{deployed}"
 
     def annotations(self) -> dict[str, str]:
         """The owner annotations an object this task makes carries."""
         notes = {DAG_ID_KEY: self.dag_id, TASK_ID_KEY: self.task_id, RUN_ID_KEY: self.run_id}
         if self.map_index >= 0:
             notes[MAP_INDEX_KEY] = str(self.map_index)
+        if self.deployment:
+            notes[DEPLOYMENT_KEY] = self.deployment
         return notes
 
 
@@ -298,6 +305,8 @@ def owned_resource(
     if origin:
         labels.update({DAG_ID_KEY: label_value(origin.dag_id), TASK_ID_KEY: label_value(origin.task_id),
                        RUN_ID_KEY: label_value(origin.run_id)})
+        if origin.deployment:
+            labels[DEPLOYMENT_KEY] = origin.deployment
         annotations.update(origin.annotations())
     if expires_at:
         annotations[EXPIRES_AT_ANNOTATION] = format_expiry(expires_at)

@@ -149,10 +149,14 @@ def map_index_of(context: Context) -> int:
     return -1 if map_index is None else int(map_index)
 
 
-def origin_of(context: Context) -> AirflowOrigin:
-    """The task instance an object made now belongs to: DAG, run, task and map index."""
+def origin_of(context: Context, deployment: str) -> AirflowOrigin:
+    """The task instance an object made now belongs to: deployment, DAG, run, task and map index.
+
+    :param deployment: the Airflow deployment (:attr:`RayTpuHook.deployment`).
+    """
     ti = context["ti"]
-    return AirflowOrigin(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=map_index_of(context))
+    return AirflowOrigin(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=map_index_of(context),
+                         deployment=deployment)
 
 
 def read_reference(value: Any, field: str, name_key: str) -> dict[str, Any] | None:

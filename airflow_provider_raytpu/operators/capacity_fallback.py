@@ -112,8 +112,9 @@ class CapacityFallbackMixin(ClusterTaskMixin):
         cluster = self.backend.get_cluster(name, namespace)
         if event["status"] in ("UNREACHABLE", "GONE") or cluster is None:  # a retry goes on from the cluster's kind
             raise AirflowException(event.get("message") or f"RayCluster {namespace}/{name} is gone")
-        mine = {"kind": "RayCluster",
-                "metadata": {"name": name, "namespace": namespace, "annotations": origin_of(context).annotations()}}
+        origin = origin_of(context, self.hook.deployment)
+        mine = {"kind": "RayCluster", "metadata": {"name": name, "namespace": namespace,
+                                                   "annotations": origin.annotations()}}
         with fail_fast():  # replaced by another DAG's while this task was deferred: never delete theirs
             check_owner(cluster, mine, CLUSTER_OWNER)
         kinds = parse_capacities(self.capacity)

@@ -29,6 +29,7 @@ from airflow_provider_raytpu.backends.base import ChangedSinceChecked, Precondit
 from airflow_provider_raytpu.manifests.names import label_value
 from airflow_provider_raytpu.manifests.raycluster import (
     DAG_ID_KEY,
+    DEPLOYMENT_KEY,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     MAP_INDEX_KEY,
@@ -119,12 +120,12 @@ class DeleteOwnedOperator(TeardownWhateverHappenedMixin, ClusterTaskMixin, BaseO
         return sorted(task.task_id for task in self.get_flat_relatives(upstream=True) if self.creates(task))
 
     def wanted_owner(self, context: Context) -> dict[str, str]:
-        """The owner annotations an object of this DAG (run) has, for the keys this kind records.
+        """The owner annotations an object of this DAG (run) in this deployment has, for the keys this kind records.
 
         A mapped delete task takes only what the same map index made; an unmapped one, every map index.
         """
         ti = context["ti"]
-        wanted = {DAG_ID_KEY: ti.dag_id, RUN_ID_KEY: ti.run_id}
+        wanted = {DEPLOYMENT_KEY: self.hook.deployment, DAG_ID_KEY: ti.dag_id, RUN_ID_KEY: ti.run_id}
         if (map_index := map_index_of(context)) >= 0:
             wanted[MAP_INDEX_KEY] = str(map_index)
         return {key: value for key, value in wanted.items() if key in self.owner_keys}

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, RayJobsHook
-from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, EXPIRES_AT_ANNOTATION, RUN_ID_KEY
+from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, DEPLOYMENT_KEY, EXPIRES_AT_ANNOTATION, RUN_ID_KEY
 from airflow_provider_raytpu.progress import TaskLog
 from airflow_provider_raytpu.status import read_ray_cluster
 from airflow_provider_raytpu.tpu import TpuSlice
@@ -100,8 +100,17 @@ def jobs_running(hook: RayTpuHook, cluster: dict[str, Any], log: TaskLog) -> str
     return f"Ray job(s) {', '.join(running)} still running on it" if running else None
 
 
+def made_elsewhere(hook: RayTpuHook, cluster: dict[str, Any]) -> str | None:
+    """Why another Airflow deployment's cluster is not this sweep's: its DAG runs are not this deployment's."""
+    made_by = (cluster["metadata"].get("annotations") or {}).get(DEPLOYMENT_KEY)
+    if made_by is None or made_by == hook.deployment:
+        return None
+    return (f"Airflow deployment {made_by!r} made it (this is {hook.deployment!r}): its DAG runs are not this "
+            "deployment's to read, so that deployment's own sweep deletes it")
+
+
 def kept_because(ti: RuntimeTaskInstanceProtocol, hook: RayTpuHook, cluster: dict[str, Any],
                  log: TaskLog) -> str | None:
-    """Why an expired cluster must stay (its DAG run goes on, a Ray job runs, or either cannot be checked),
-    or ``None`` when it is known to be unused."""
-    return run_in_progress(ti, cluster) or jobs_running(hook, cluster, log)
+    """Why an expired cluster must stay (another deployment made it, its DAG run goes on, a Ray job runs, or
+    either cannot be checked), or ``None`` when it is known to be unused."""
+    return made_elsewhere(hook, cluster) or run_in_progress(ti, cluster) or jobs_running(hook, cluster, log)

@@ -17,6 +17,7 @@ from airflow_provider_raytpu.operators.base import (
     is_templated,
     mark_outlets,
 )
+from airflow_provider_raytpu.operators.job_tries import run_token
 from airflow_provider_raytpu.operators.lineage import checkpoint_dataset, storage_dataset, task_lineage
 from airflow_provider_raytpu.operators.links import (
     CheckpointsLink,
@@ -32,6 +33,7 @@ from airflow_provider_raytpu.status.run_report import TRAINING_ATTEMPTS_XCOM_KEY
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.values import parse_slice_range
 from airflow_provider_raytpu.workloads.progress import ATTEMPT_PREFIX, ATTEMPTS_SUBDIR, training_progress
+from airflow_provider_raytpu.workloads.run_record import ON_CONFIG_CHANGE
 from airflow_provider_raytpu.workloads.steps import profile_window
 
 if TYPE_CHECKING:
@@ -80,10 +82,13 @@ def run_name_of(context: Context, resume_on_clear: bool = False) -> str:
     A Clear starts a new cycle of tries, so a new run from step 0: the name includes the
     ``max_tries`` Airflow records on the task instance, which a Clear changes and a retry does
     not (:mod:`~airflow_provider_raytpu.operators.job_tries`). With ``resume_on_clear`` every
-    cycle has the same name, so a Clear resumes the run the cleared task trained.
+    cycle has the same name, so a Clear resumes the run the cleared task trained. A DAG run
+    deleted and created again with the same run id is another run (its :func:`run_token`): it
+    never resumes the checkpoints of the run it replaced.
     """
     ti = context["ti"]
-    identity = f"{ti.dag_id}|{ti.run_id}|{ti.task_id}|{ti.map_index}" + ("" if resume_on_clear else f"|{ti.max_tries}")
+    identity = (f"{ti.dag_id}|{ti.run_id}|{ti.task_id}|{ti.map_index}|{run_token(context)}"
+                + ("" if resume_on_clear else f"|{ti.max_tries}"))
     digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
     readable = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{ti.dag_id}.{ti.task_id}")[:100].strip("-.")
     return f"{readable}-{digest}"
@@ -98,7 +103,10 @@ class JaxTrainerOperator(SubmitRayJobOperator):
     a failed or lost job resumes from the latest checkpoint in ``checkpoint_uri`` instead
     of step 0, and a failed worker (a preempted host) is restarted up to ``max_failures``
     times within the job. A user's Clear starts a new run from step 0 (the run name
-    includes the cycle), unless ``resume_on_clear``. Returns ``metrics``,
+    includes the cycle), unless ``resume_on_clear``. A DAG run deleted and created again
+    with the same run id is another run: it never resumes the old run's checkpoints. A
+    resume under a changed training config is refused unless ``on_config_change`` says
+    otherwise. Returns ``metrics``,
     ``checkpoint_uri`` (the latest checkpoint), ``steps``, ``resumed_from_step``,
     ``run_name``, ``step_time`` (median and p95 step time and the data-wait share, from
     the loop's :class:`~airflow_provider_raytpu.workloads.steps.StepClock`) and
@@ -140,6 +148,10 @@ class JaxTrainerOperator(SubmitRayJobOperator):
     :param chips_per_host: optional; must agree with the cluster's slice.
     :param resume_on_clear: after a user's Clear, resume the run the cleared task trained
         (its newest checkpoint) instead of starting a new run from step 0.
+    :param on_config_change: what a retry or resumed Clear does when the run was started with another
+        training config (``train_loop``, ``config``, ``datasets``, ``batch_size``, ``ragged_policy``):
+        ``"fail"`` (the default: fails without retries, naming the keys that changed), ``"start_fresh"``
+        (a new run from step 0; the old checkpoints are kept) or ``"resume"`` (resume anyway).
     :param kwargs: everything :class:`SubmitRayJobOperator` takes (namespace, runtime_env, ...).
     """
 
@@ -171,8 +183,12 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         capacity: str | None = None,
         resume_on_clear: bool = False,
         resize_interval: float = 60.0,
+        on_config_change: str = "fail",
         **kwargs: Any,
     ) -> None:
+        if on_config_change not in ON_CONFIG_CHANGE:
+            raise InvalidInputError("on_config_change", on_config_change, f"is not one of {list(ON_CONFIG_CHANGE)}",
+                                    "Write 'fail' (the default), 'start_fresh' or 'resume'")
         check_literal(checkpoint_uri, lambda value: check_not_empty(value, "checkpoint_uri", "'gs://bucket/checkpoints'"))
         kwargs.setdefault("outlets", asset_for(checkpoint_uri))
         if (batch_size is None) != (ragged_policy is None):
@@ -206,6 +222,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         self.capacity = capacity
         self.resume_on_clear = resume_on_clear
         self.resize_interval = resize_interval
+        self.on_config_change = on_config_change
 
     def given_tpu(self) -> TpuSlice | None:
         if not self.accelerator and not self.topology:
@@ -243,7 +260,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
                 "--tpu", json.dumps(tpu.to_dict()), "--run-name", run_name,
                 "--checkpoint-uri", self.checkpoint_uri, "--config", json.dumps(dict(self.config or {})),
                 "--datasets", json.dumps(dict(self.datasets or {})), "--max-failures", str(self.max_failures),
-                "--checkpoints-to-keep", str(self.checkpoints_to_keep)]
+                "--checkpoints-to-keep", str(self.checkpoints_to_keep), "--on-config-change", self.on_config_change]
         if self.batch_size is not None:
             args += ["--batch-size", str(self.batch_size)]
         if self.ragged_policy:

@@ -14,10 +14,12 @@ one stops it and starts over. Whether a failed try is retried is Airflow's rule 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import TYPE_CHECKING
 
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_provider_raytpu.compat import never_expire
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, METADATA_PREFIX, TERMINAL, JobIdentity, RayJobsHook
 from airflow_provider_raytpu.operators.base import map_index_of
 from airflow_provider_raytpu.progress import LogPace, TaskLog
@@ -28,13 +30,27 @@ if TYPE_CHECKING:
     from airflow_provider_raytpu.dashboard.jobs import JobRecord
 
 MAX_TRIES_KEY = f"{METADATA_PREFIX}max_tries"
+RUN_TOKEN_KEY = "raytpu.run_token"
 STOP_TIMEOUT_SECONDS = 120.0
 
 
+def run_token(context: Context) -> str:
+    """This DAG run's token: the same for every try and Clear of the task in the run, another for a run
+    deleted and created again with the same run id. Made at the task's first try, kept in the task state
+    store for as long as the run exists."""
+    store = context["task_state_store"]
+    token = store.get(RUN_TOKEN_KEY)
+    if not isinstance(token, str) or not token:
+        token = uuid.uuid4().hex[:12]
+        store.set(RUN_TOKEN_KEY, token, retention=never_expire())
+    return token
+
+
 def job_identity(context: Context) -> JobIdentity:
-    """The task try a job submitted now belongs to, with its cycle (``max_tries``)."""
+    """The task try a job submitted now belongs to, with its cycle (``max_tries``) and its DAG run's token."""
     ti = context["ti"]
-    return JobIdentity(ti.dag_id, ti.task_id, ti.run_id, map_index_of(context), ti.try_number, ti.max_tries)
+    return JobIdentity(ti.dag_id, ti.task_id, ti.run_id, map_index_of(context), ti.try_number, ti.max_tries,
+                       run_token(context))
 
 
 def same_cycle(job: JobRecord, context: Context) -> bool:

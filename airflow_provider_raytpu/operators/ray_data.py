@@ -16,6 +16,7 @@ from airflow_provider_raytpu.operators.base import (
     map_index_of,
     mark_outlets,
 )
+from airflow_provider_raytpu.operators.job_tries import run_token
 from airflow_provider_raytpu.operators.lineage import storage_dataset, task_lineage
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
 from airflow_provider_raytpu.values import plural
@@ -38,17 +39,21 @@ def check_output_apart(input_uri: Any, output_uri: Any) -> None:
         raise InvalidInputError("output_uri", output_uri, problem, APART_FIX)
 
 
-def output_owner(context: Context) -> str:
-    """Who writes a task's output: its DAG, task and map index (any run of the task may replace it)."""
+def output_owner(context: Context, deployment: str) -> str:
+    """Who writes a task's output: its deployment, DAG, task and map index (any run of the task may replace it).
+
+    :param deployment: the Airflow deployment (:attr:`RayTpuHook.deployment`).
+    """
     ti = context["ti"]
-    return json.dumps({"dag_id": ti.dag_id, "task_id": ti.task_id, "map_index": map_index_of(context)},
-                      sort_keys=True)
+    return json.dumps({"deployment": deployment, "dag_id": ti.dag_id, "task_id": ti.task_id,
+                       "map_index": map_index_of(context)}, sort_keys=True)
 
 
 def output_attempt(context: Context) -> dict[str, Any]:
-    """Which run and try of the task writes: its staging prefix, and who writers waiting for the output see."""
+    """Which run and try of the task writes: its staging prefix, and who writers waiting for the output see. The
+    run's token tells it from a deleted run of the same run id (whose job may still write)."""
     ti = context["ti"]
-    return {"run_id": ti.run_id, "try_number": ti.try_number}
+    return {"run_id": ti.run_id, "try_number": ti.try_number, "run_token": run_token(context)}
 
 
 def asset_for(uri: Any) -> list[Asset]:
@@ -144,7 +149,8 @@ class RayDataOperator(SubmitRayJobOperator):
                           plural(tpu.host_chips, "chip"))
         args = ["python", "-m", "airflow_provider_raytpu.workloads.preprocess", "--input", self.input_uri,
                 "--output", self.output_uri, "--transform", self.transform, "--batch-format", self.batch_format,
-                "--owner", output_owner(context), "--attempt", json.dumps(output_attempt(context))]
+                "--owner", output_owner(context, self.hook.deployment),
+                "--attempt", json.dumps(output_attempt(context))]
         optional = {"--format": self.input_format, "--batch-size": self.batch_size, "--concurrency": self.concurrency,
                     "--num-tpus-per-actor": self.num_tpus_per_actor}
         args += [str(v) for flag, value in optional.items() if value is not None for v in (flag, value)]

@@ -48,12 +48,13 @@ from airflow_provider_raytpu.values import check_prices, parse_bool
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-def default_cluster_name(context: Context) -> str:
+def default_cluster_name(context: Context, deployment: str) -> str:
     """One cluster per DAG run and create task: the DAG and task ids, and a hash of DAG id, run id,
-    task id and map index (so ``etl_daily`` and ``etl.daily`` differ), the same on every retry."""
+    task id, map index and deployment (so ``etl_daily`` and ``etl.daily`` differ, and staging's run
+    never names prod's cluster), the same on every retry."""
     ti = context["ti"]
-    return owned_name(f"{ti.dag_id}-{ti.task_id}", (ti.dag_id, ti.run_id, ti.task_id, map_index_of(context)),
-                      "cluster_name",
+    return owned_name(f"{ti.dag_id}-{ti.task_id}",
+                      (ti.dag_id, ti.run_id, ti.task_id, map_index_of(context), deployment), "cluster_name",
                       RAY_CLUSTER_NAME_LIMIT)
 
 
@@ -175,7 +176,7 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
                                     capacity)
 
     def _name(self, context: Context) -> str:
-        return self.resolved_name() if self.cluster_name else default_cluster_name(context)
+        return self.resolved_name() if self.cluster_name else default_cluster_name(context, self.hook.deployment)
 
     def apply_on(self, context: Context, capacity: Capacity) -> dict[str, Any]:
         with fail_fast():
@@ -190,7 +191,7 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
                 namespace=namespace,
                 tpu=tpu,
                 options=options,
-                origin=origin_of(context),
+                origin=origin_of(context, self.hook.deployment),
                 expires_at=datetime.now(UTC) + lifetime_on(tpu, self.max_lifetime),
             )
             self.log.info("RayCluster %s/%s: %s", namespace, name, tpu.describe())

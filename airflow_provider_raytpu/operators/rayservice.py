@@ -12,7 +12,7 @@ from airflow_provider_raytpu.backends.base import Applied, Precondition
 from airflow_provider_raytpu.errors import ConflictError, InvalidInputError
 from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, owned_name
 from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
-from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, AirflowOrigin, tpu_slice_of
+from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, DEPLOYMENT_KEY, AirflowOrigin, tpu_slice_of
 from airflow_provider_raytpu.manifests.rayservice import (
     UPDATE_ANNOTATION,
     build_ray_service,
@@ -50,15 +50,17 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-def default_service_name(context: Context) -> str:
-    """One RayService per DAG and deploy task (and map index): it outlives runs, which promote new versions to it.
+def default_service_name(context: Context, deployment: str) -> str:
+    """One RayService per DAG and deploy task (and map index) in a deployment: it outlives runs, which promote
+    new versions to it.
 
-    The DAG and task ids, and a hash of both (so ``etl_daily`` and ``etl.daily`` differ) and,
-    for a mapped task, of its map index (each map index serves its own applications).
+    The DAG and task ids, and a hash of both (so ``etl_daily`` and ``etl.daily`` differ), of the
+    deployment and, for a mapped task, of its map index (each map index serves its own applications).
     """
     ti = context["ti"]
     map_index = map_index_of(context)
-    identity = (ti.dag_id, ti.task_id) if map_index < 0 else (ti.dag_id, ti.task_id, map_index)
+    identity = (ti.dag_id, ti.task_id, deployment) if map_index < 0 else (ti.dag_id, ti.task_id, map_index,
+                                                                          deployment)
     return owned_name(f"{ti.dag_id}-{ti.task_id}", identity, "service_name", RAY_SERVICE_NAME_LIMIT)
 
 
@@ -221,7 +223,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
             check_offered(tpu, self.hook.settings.backend, self.log)
             options = RayClusterOptions.from_value(self.cluster_options)
             in_place = parse_bool(self.in_place, "in_place")
-            name = self.resolved_name() if self.service_name else default_service_name(context)
+            name = self.resolved_name() if self.service_name else default_service_name(context, self.hook.deployment)
             namespace = self.resolved_namespace()
             backend = self.service_backend
             current = backend.get_service(name, namespace)
@@ -239,7 +241,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
                 upgrade_strategy=self.upgrade_strategy,
                 serve_options=self.serve_options,
                 options=options,
-                origin=origin_of(context),
+                origin=origin_of(context, self.hook.deployment),
                 cluster_deletion_delay_seconds=self.cluster_deletion_delay_seconds,
             )
             self.log.info("RayService %s/%s: deploying version %r (previous %r) on %s", namespace, name, version,
@@ -279,14 +281,16 @@ def service_reference(task: ServiceTaskMixin, service: dict[str, Any]) -> dict[s
 
 
 def check_rollback_owner(current: dict[str, Any], origin: AirflowOrigin) -> None:
-    """A RayService is rolled back only by a task of the DAG that deployed it (any of its tasks: rolling back is
-    often a task of its own); the service keeps its owner.
+    """A RayService is rolled back only by a task of the DAG that deployed it, in the same Airflow deployment (any
+    of its tasks: rolling back is often a task of its own); the service keeps its owner.
 
     :raises ConflictError: another DAG deployed it, or this provider did not.
     """
     metadata = current["metadata"]
     owner = describe_owner(current) if is_managed(current) else "no task of this provider (no managed-by label)"
-    if not is_managed(current) or annotations_of(current).get(DAG_ID_KEY) != origin.dag_id:
+    notes = annotations_of(current)
+    if not is_managed(current) or (notes.get(DAG_ID_KEY), notes.get(DEPLOYMENT_KEY) or "") != (origin.dag_id,
+                                                                                                origin.deployment):
         raise ConflictError(
             f"RayService {metadata['namespace']}/{metadata['name']} belongs to {owner}, not to DAG "
             f"{origin.dag_id!r}, so it is not rolled back. Roll it back from a task of the DAG that deployed it")
@@ -298,7 +302,7 @@ def roll_back(task: ServiceTaskMixin, context: Context, name: str, namespace: st
     if current is None:
         raise InvalidInputError("rollback", True, f"RayService {namespace}/{name} does not exist",
                                 "Deploy a version first; rollback promotes the one before the current")
-    origin = origin_of(context)
+    origin = origin_of(context, task.hook.deployment)
     check_rollback_owner(current, origin)
     if rolled_back_by(current, origin):
         task.log.info("RayService %s/%s: an earlier try of this task rolled back to %r; keeping it",

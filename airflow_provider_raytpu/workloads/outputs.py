@@ -152,9 +152,13 @@ def claim(location: Location, owner: str) -> OutputRecord | None:
     present = files_under(location)
     record = read_record(location)
     if record is not None and record.owner != owner:
+        theirs, mine = _owner_fields(record.owner), _owner_fields(owner)
+        legacy = "deployment" not in theirs and {**theirs, "deployment": mine.get("deployment")} == mine
+        fix = ("It was written before this provider recorded the Airflow deployment: if it is this deployment's, "
+               "delete it (or write a new prefix) once" if legacy else "Give this task an output prefix of its own")
         raise OutputNotOwnedError(
             f"{location.uri} is the output of another task ({record.owner}), not of this one ({owner}); "
-            "nothing was deleted. Give this task an output prefix of its own")
+            f"nothing was deleted. {fix}")
     if unknown := sorted(set(present) - (record.listed() if record else set())):
         raise OutputNotOwnedError(
             f"{location.uri} holds {len(unknown)} file(s) this task did not write ({_shown(unknown)}); nothing was "
@@ -259,14 +263,12 @@ def _owner_fields(owner: str) -> dict[str, Any]:
 
 
 def staging_name(owner: str, attempt: Mapping[str, Any] | None) -> str:
-    """``run-<hash of owner and run>-try<n>-<id>``: apart for every attempt, grouped by run."""
+    """``run-<hash of owner, run id and run token>-try<n>-<id>``: apart for every attempt, grouped by run."""
     if not attempt or "run_id" not in attempt:
         return f"write-{uuid.uuid4().hex[:12]}"
-    return f"{_run_prefix(owner, str(attempt['run_id']))}try{attempt.get('try_number', 0)}-{uuid.uuid4().hex[:6]}"
-
-
-def _run_prefix(owner: str, run_id: str) -> str:
-    return f"run-{hashlib.sha256(json.dumps([owner, run_id]).encode()).hexdigest()[:12]}-"
+    run = [owner, str(attempt["run_id"]), str(attempt.get("run_token", ""))]
+    run_prefix = f"run-{hashlib.sha256(json.dumps(run).encode()).hexdigest()[:12]}-"
+    return f"{run_prefix}try{attempt.get('try_number', 0)}-{uuid.uuid4().hex[:6]}"
 
 
 def _clear_earlier_tries(staging_root: Location, name: str) -> None:

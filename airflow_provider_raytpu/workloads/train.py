@@ -24,30 +24,27 @@ is imported by the workers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.workloads.batches import POLICIES, RaggedBatchError, check_batches
-from airflow_provider_raytpu.workloads.checkpoints import ORBAX_SUBDIR
 from airflow_provider_raytpu.workloads.failures import describe_failure
 from airflow_provider_raytpu.workloads.loading import check_importable, load_object
 from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, report_result
+from airflow_provider_raytpu.workloads.run_record import ON_CONFIG_CHANGE, TrainingConfigChangedError, settle_run
 from airflow_provider_raytpu.workloads.steps import (
-    PROFILE_SUBDIR,
-    STEPS_SUBDIR,
     combine_step_times,
-    profile_window,
     read_step_times,
 )
 from airflow_provider_raytpu.workloads.storage import delete_prefix, exists, resolve, uri_for
+from airflow_provider_raytpu.workloads.train_spec import TrainSpec
 
 if TYPE_CHECKING:
     from ray.train.base_trainer import GenDataset  # the datasets type of JaxTrainer (v2) too
@@ -55,107 +52,6 @@ if TYPE_CHECKING:
     from ray.train.v2.jax import JaxTrainer
 
 EXIT_FAILED = 1
-# Glob characters in a path break gcsfs (orbax's GCS access), and "/" would nest runs.
-_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-@dataclass(frozen=True)
-class TrainSpec:
-    """What one training job does.
-
-    :param train_loop: ``"package.module:function"`` of ``train_loop_per_worker(config)``.
-    :param tpu: the slice shape the workers run on.
-    :param run_name: Ray Train's run name; the same name resumes the same run.
-    :param checkpoint_uri: the storage root for runs (``gs://bucket/prefix`` or local).
-    :param config: the loop's config (``checkpoint_uri``, ``run_name`` and, if given,
-        ``batch_size`` / ``ragged_policy`` are added).
-    :param datasets: dataset name -> URI (parquet or JSONL), read with Ray Data and
-        split between workers (``ray.train.get_dataset_shard(name)``).
-    :param max_failures: worker-group restarts allowed after a failure (``-1``: unlimited).
-    :param checkpoints_to_keep: how many newest registered checkpoints Ray Train keeps
-        (``CheckpointConfig(num_to_keep)``; ``None`` keeps all). Ray, not orbax, prunes
-        registered checkpoints: see ``workloads.checkpoints``.
-    :param batch_size: rows per batch on each worker, checked against every dataset.
-    :param ragged_policy: ``"drop"``, ``"pad"`` or ``"raise"`` for a short last batch.
-    :param profile_steps: ``(first, end)``: the loop's
-        :class:`~airflow_provider_raytpu.workloads.steps.StepClock` traces steps
-        ``first <= step < end`` with ``jax.profiler`` into ``<run>/profile``.
-    :param slices: ``(min, max)``: train elastically on as many whole slices as are ready, at least
-        ``min`` and at most ``max`` (of the ``tpu.num_slices`` the cluster has); ``None``: on all of them.
-    :param resize_interval: with ``slices``, seconds between Ray Train's checks for more ready slices.
-    """
-
-    train_loop: str
-    tpu: TpuSlice
-    run_name: str
-    checkpoint_uri: str
-    config: dict[str, Any] = field(default_factory=dict)
-    datasets: dict[str, str] = field(default_factory=dict)
-    max_failures: int = 0
-    checkpoints_to_keep: int | None = 3
-    batch_size: int | None = None
-    ragged_policy: str | None = None
-    profile_steps: tuple[int, int] | None = None
-    slices: tuple[int, int] | None = None
-    resize_interval: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.slices is not None and not 1 <= self.slices[0] <= self.slices[1] <= self.tpu.num_slices:
-            raise ValueError(f"slices={self.slices} must be (min, max) with 1 <= min <= max <= "
-                             f"{self.tpu.num_slices}, the cluster's slices")
-        if self.resize_interval < 0:
-            raise ValueError(f"resize_interval={self.resize_interval} must not be negative")
-        object.__setattr__(self, "profile_steps", profile_window(self.profile_steps))
-        if not _RUN_NAME.fullmatch(self.run_name or ""):
-            raise ValueError(
-                f"run_name={self.run_name!r} is not a valid run name: it becomes a storage path component, "
-                "so use letters, digits, '.', '_' and '-' (starting with a letter or digit)"
-            )
-        if self.max_failures < -1:
-            raise ValueError(f"max_failures={self.max_failures} must be -1 (unlimited) or at least 0")
-        if self.checkpoints_to_keep is not None and self.checkpoints_to_keep < 1:
-            raise ValueError(f"checkpoints_to_keep={self.checkpoints_to_keep} must be at least 1 (or unset: keep all)")
-
-    @property
-    def num_workers(self) -> int:
-        """One worker per TPU host: hosts per slice times slices (the most slices, when elastic)."""
-        return self.worker_counts[-1]
-
-    @property
-    def worker_counts(self) -> list[int]:
-        """Every number of workers the run may have: one per host of each slice it trains on."""
-        low, high = self.slices or (self.tpu.num_slices, self.tpu.num_slices)
-        return [self.tpu.hosts_per_slice * count for count in range(low, high + 1)]
-
-    def run_uri(self) -> str:
-        """Where Ray Train keeps this run: ``<checkpoint_uri>/<run_name>``."""
-        return resolve(self.checkpoint_uri).child(self.run_name).uri
-
-    def profile_uri(self) -> str:
-        """Where the workers' profiler traces go: ``<checkpoint_uri>/<run_name>/profile`` (a TensorBoard logdir)."""
-        return resolve(self.checkpoint_uri).child(self.run_name, PROFILE_SUBDIR).uri
-
-    def steps_uri(self) -> str:
-        """Where the workers' step-time summaries go: ``<checkpoint_uri>/<run_name>/steps``."""
-        return resolve(self.checkpoint_uri).child(self.run_name, STEPS_SUBDIR).uri
-
-    def orbax_uri(self) -> str:
-        """Where the loop's orbax checkpoints go: ``<checkpoint_uri>/<run_name>/orbax``."""
-        return resolve(self.checkpoint_uri).child(self.run_name, ORBAX_SUBDIR).uri
-
-    def loop_config(self) -> dict[str, Any]:
-        """The config the loop receives."""
-        config = dict(self.config)
-        config.update(checkpoint_uri=self.orbax_uri(), run_name=self.run_name)
-        if self.batch_size is not None:
-            config["batch_size"] = self.batch_size
-        if self.ragged_policy is not None:
-            config["ragged_policy"] = self.ragged_policy
-        if self.profile_steps is not None:
-            config.update(profile_steps=list(self.profile_steps), profile_uri=self.profile_uri())
-        return config
-
-
 def run_user_loop(import_path: str, config: dict[str, Any], hosts_per_slice: int = 1) -> Any:
     """Runs on each worker: import the user's loop there and call it with ``config``.
 
@@ -307,6 +203,11 @@ def run_training(spec: TrainSpec) -> dict[str, Any]:
 
     started = time.monotonic()
     check_importable(spec.train_loop)  # before connecting: a typo fails in a second
+    settled = settle_run(resolve(spec.checkpoint_uri), spec.run_name, spec.training_config(), spec.on_config_change)
+    if settled != spec.run_name:
+        print(f"The training config changed since run {spec.run_name} started: training a new run, {settled}, "
+              "from step 0 (on_config_change='start_fresh')")
+        spec = dataclasses.replace(spec, run_name=settled)
     connected = connect()
     delete_prefix(spec.steps_uri())  # the step times of an earlier attempt
     try:
@@ -350,6 +251,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainSpec:
                         help="train elastically on MIN to MAX of the cluster's slices")
     parser.add_argument("--resize-interval", type=float, default=60.0,
                         help="with --slices, seconds between checks for more ready slices")
+    parser.add_argument("--on-config-change", choices=ON_CONFIG_CHANGE, default="fail",
+                        help="when the run was started with another training config")
     args = parser.parse_args(argv)
     if (args.batch_size is None) != (args.ragged_policy is None):
         parser.error("--batch-size and --ragged-policy go together")
@@ -367,6 +270,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainSpec:
         profile_steps=tuple(args.profile_steps) if args.profile_steps else None,
         slices=tuple(args.slices) if args.slices else None,
         resize_interval=args.resize_interval,
+        on_config_change=args.on_config_change,
     )
 
 
@@ -382,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         result = run_training(spec)
-    except (RaggedBatchError, ImportError, FileNotFoundError) as error:
+    except (RaggedBatchError, ImportError, FileNotFoundError, TrainingConfigChangedError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as error:

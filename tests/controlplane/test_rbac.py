@@ -154,6 +154,7 @@ def test_the_connection_test_reports_the_crd_the_tpu_webhook_and_missing_verbs(
         "GKE TPU webhook: cannot check: 403 Forbidden (listing mutatingwebhookconfigurations is cluster-wide)",
         f"RBAC in namespace '{namespace}': missing delete on rayclusters.ray.io (grant the provider's Role, "
         "docs/rbac.yaml)",
+        f"This Airflow deployment records itself as {RayTpuHook().deployment!r}",
     ]
 
 

@@ -258,7 +258,7 @@ def _fernet_key() -> str:
 
 EXPECTED_DAGS = {"tpu_cluster_lifecycle", "nightly_finetune", "nightly_embeddings", "tpu_model_serving",
                  "after_promotion", "raytpu_jobs", "raytpu_training", "raytpu_training_error", "raytpu_soak",
-                 "etl_daily", "etl.daily"}
+                 "etl_daily", "etl.daily", "raytpu_overlap"}
 
 
 def local_connection(deployment: AirflowDeployment, conn_id: str = "raytpu_default") -> dict[str, str]:

@@ -65,6 +65,12 @@ class AirflowApi:
         run = self.call("POST", f"/api/v2/dags/{quote(dag_id)}/dagRuns", json=body)
         return run["dag_run_id"]
 
+    def backfill(self, dag_id: str, from_date: str, to_date: str, max_active_runs: int) -> dict[str, Any]:
+        """The Backfill dialog: a run for every logical date from ``from_date`` to ``to_date``, ``max_active_runs``
+        at once."""
+        return self.call("POST", "/api/v2/backfills", json={
+            "dag_id": dag_id, "from_date": from_date, "to_date": to_date, "max_active_runs": max_active_runs})
+
     def runs(self, dag_id: str) -> list[dict[str, Any]]:
         return self.call("GET", f"/api/v2/dags/{quote(dag_id)}/dagRuns", params={"order_by": "run_after"})["dag_runs"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_provider_raytpu.backends.kuberay import KubeRayBackend
+from airflow_provider_raytpu.hooks.raytpu import default_deployment
 from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin
 from airflow_provider_raytpu.manifests.rayservice import build_ray_service
 from airflow_provider_raytpu.tpu import TpuSlice
@@ -52,7 +53,8 @@ def deploy_v1_running(backend: KubeRayBackend, controller: RayServiceController,
     ``dag_id``'s deploy task (a later run of that task may promote it)."""
     backend.services.apply_service(build_ray_service(
         name="chat", namespace=NAMESPACE, tpu=TpuSlice("v6e", "4x4"), applications=[LLM_APP], version="gs://b/ckpt-1",
-        origin=AirflowOrigin(dag_id, "scheduled__2026-12-01T00:00:00+00:00", "deploy"), **kwargs))
+        origin=AirflowOrigin(dag_id, "scheduled__2026-12-01T00:00:00+00:00", "deploy", deployment=default_deployment()),
+        **kwargs))
     cluster = controller.make_cluster("old01")
     controller.serving(cluster)
     return cluster

@@ -136,3 +136,32 @@ def test_missing_connection_says_how_to_make_one() -> None:
     with pytest.raises(ConnectionNotFoundError) as info:
         _ = RayTpuHook("no_such_conn").backend
     assert "AIRFLOW_CONN_RAYTPU_DEFAULT" in str(info.value) and '"backend": "local"' in str(info.value)
+
+
+def test_test_connection_warns_of_another_deployments_objects_for_this_deployments_dags(
+        connections: None, kube: FakeKubeApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Staging and prod share a namespace and DAG ids: prod's Test button names staging's objects of prod's DAGs
+    (the DAG ids from prod's metadata database), not those of DAGs prod does not have, nor its own."""
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.utils.session import create_session
+
+    from tests.support.airflow_runner import ensure_airflow_db
+    from tests.support.kube_connection import raytpu_connection
+
+    ensure_airflow_db()
+    with create_session() as session:
+        session.merge(DagBundleModel(name="dags-folder"))
+        session.flush()
+        session.merge(DagModel(dag_id="nightly", bundle_name="dags-folder", fileloc="/dags/nightly.py"))
+    monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(deployment="prod"))
+    backend = RayTpuHook().backend
+    for name, dag, deployment in (("staging-nightly", "nightly", "staging"),
+                                  ("staging-only", "staging_only", "staging"), ("prod-nightly", "nightly", "prod")):
+        backend.apply_cluster(build_ray_cluster(name=name, namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x2"),
+                                                origin=AirflowOrigin(dag, "run-1", "create", deployment=deployment)))
+    ok, message = RayTpuHook().test_connection()
+    assert ok, message
+    assert "This Airflow deployment records itself as 'prod'" in message
+    assert ("Warning: namespace 'ml' holds objects another Airflow deployment made for DAG ids this deployment has "
+            "too (staging: nightly).") in message

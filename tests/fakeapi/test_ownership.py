@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_raytpu.hooks.raytpu import default_deployment
 from tests.support.airflow_runner import run_dag
 from tests.support.fake_apiserver.kuberay import KubeRayReactor
 from tests.support.fake_apiserver.server import FakeKubeApiServer
@@ -72,7 +73,7 @@ def test_a_same_named_cluster_of_another_dag_is_a_conflict_naming_its_owner_and_
     assert (outcome["create_cluster"].state, outcome["create_cluster"].try_number) == ("failed", 1)
     log = capfd.readouterr().out
     assert (f"RayCluster 'shared' in namespace 'ml' belongs to DAG 'team_a', run 'manual__{LOGICAL_DATE.isoformat()}', "
-            "task 'create_cluster', not to this task (DAG 'team_b'") in log
+            f"task 'create_cluster', deployment '{default_deployment()}', not to this task (DAG 'team_b'") in log
     after = kube.get_object("rayclusters", NAMESPACE, "shared")
     assert after is not None and after["metadata"]["uid"] == before["metadata"]["uid"], "team_b's teardown left it"
     assert kube.count("DELETE", CLUSTERS) == 0
@@ -126,7 +127,7 @@ def test_a_rayservices_clusters_are_never_taken_for_this_runs_own(
 
     run_id = f"manual__{LOGICAL_DATE.isoformat()}"
     served = build_ray_cluster(name="chat-x7k2p", namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x2"),
-                               origin=AirflowOrigin("sweep", run_id, "deploy"))
+                               origin=AirflowOrigin("sweep", run_id, "deploy", deployment=default_deployment()))
     served["metadata"]["labels"]["ray.io/originated-from-cr-name"] = "chat"
     kube.create_object(served)
     sweep = '''
@@ -152,7 +153,8 @@ def test_a_named_teardown_leaves_an_overlapping_runs_cluster_alone_unless_forced
 
     first_run = "scheduled__2026-12-01T00:00:00+00:00"
     kube.create_object(build_ray_cluster(name="nightly", namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x2"),
-                                         origin=AirflowOrigin("overlap", first_run, "create_cluster")))
+                                         origin=AirflowOrigin("overlap", first_run, "create_cluster",
+                                                              deployment=default_deployment())))
     before = kube.get_object("rayclusters", NAMESPACE, "nightly")
     named = "cluster_name='nightly'"
     by_name = ("delete = DeleteRayClusterOperator(task_id='delete_cluster', cluster_name='nightly'{force})\n"
@@ -167,8 +169,8 @@ def test_a_named_teardown_leaves_an_overlapping_runs_cluster_alone_unless_forced
     assert kube.get_object("rayclusters", NAMESPACE, "nightly")["metadata"]["uid"] == before["metadata"]["uid"]
     log = capfd.readouterr().out
     assert (f"Not deleting RayCluster ml/nightly: it belongs to DAG 'overlap', run '{first_run}', task "
-            "'create_cluster', not to task(s) create_cluster of this DAG run. It may still be in use; pass "
-            "force=True to delete it anyway") in log
+            f"'create_cluster', deployment '{default_deployment()}', not to task(s) create_cluster of this DAG run. "
+            "It may still be in use; pass force=True to delete it anyway") in log
 
     forced = run_dag(airflow_home, source("overlap", named, by_name.format(force=", force=True")), "overlap",
                      logical_date=LOGICAL_DATE.replace(day=3))
@@ -222,9 +224,10 @@ def test_map_indexes_that_resolve_to_one_explicit_name_conflict_naming_both(
     won = next(i for i in (0, 1) if outcome[f"create_cluster[{i}]"].state == "success")
     log = capfd.readouterr().out
     run_id = f"manual__{LOGICAL_DATE.isoformat()}"
+    here = f"deployment '{default_deployment()}'"
     assert (f"RayCluster 'shared' in namespace 'ml' belongs to DAG 'mapped_named', run '{run_id}', task "
-            f"'create_cluster', map index {won}, not to this task (DAG 'mapped_named', run '{run_id}', task "
-            f"'create_cluster', map index {1 - won})") in log
+            f"'create_cluster', map index {won}, {here}, not to this task (DAG 'mapped_named', run '{run_id}', task "
+            f"'create_cluster', map index {1 - won}, {here})") in log
     assert "Two map indexes of one mapped task resolve to this name" in log
     assert outcome["delete_cluster"].result["cluster_names"] == ["shared"]
 

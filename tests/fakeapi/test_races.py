@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_raytpu.hooks.raytpu import default_deployment
 from airflow_provider_raytpu.manifests.raycluster import (
     EXPIRES_AT_ANNOTATION,
     AirflowOrigin,
@@ -59,7 +60,8 @@ with DAG("janitor", schedule=None, start_date=datetime(2026, 1, 1)):
 
 def nightly(dag_id: str = "race", run_id: str = RUN_ID, expires_at: datetime | None = None) -> dict[str, Any]:
     return build_ray_cluster(name="nightly", namespace=NAMESPACE, tpu=TpuSlice("v6e", "2x2"),
-                             origin=AirflowOrigin(dag_id, run_id, "create_cluster"), expires_at=expires_at)
+                             origin=AirflowOrigin(dag_id, run_id, "create_cluster", deployment=default_deployment()),
+                             expires_at=expires_at)
 
 
 def replace_with(kube: FakeKubeApiServer, manifest: dict[str, Any]) -> None:

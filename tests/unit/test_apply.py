@@ -92,9 +92,9 @@ class MemoryStore:
         return self.put(manifest)
 
 
-def cluster(topology: str = "4x4", run: str = "run-1", dag: str = "nightly") -> dict[str, Any]:
+def cluster(topology: str = "4x4", run: str = "run-1", dag: str = "nightly", deployment: str = "") -> dict[str, Any]:
     return build_ray_cluster(name="train", namespace=NAMESPACE, tpu=TpuSlice("v6e", topology),
-                             origin=AirflowOrigin(dag, run, "create"))
+                             origin=AirflowOrigin(dag, run, "create", deployment=deployment))
 
 
 def service(version: str, run: str = "run-1", task: str = "deploy") -> dict[str, Any]:
@@ -159,6 +159,28 @@ def test_another_runs_or_dags_cluster_is_never_adopted_or_changed(other: dict[st
         assert "belongs to DAG 'nightly', run 'run-1', task 'create', not to this task" in str(info.value)
         assert "Leave the name unset" in str(info.value)
     assert store.calls == ["get"] * 3 and store.version == 1
+
+
+def test_the_same_task_in_another_airflow_deployment_never_adopts_or_changes_the_cluster() -> None:
+    """Staging and prod with the same DAG ids in one namespace: prod's task never takes staging's cluster; one
+    made before the deployment was recorded is refused, with the command that records it."""
+    store = MemoryStore()
+    store.put(cluster(deployment="staging"))
+    for on_change in OnChange:
+        with pytest.raises(ConflictError) as info:
+            apply_cluster(store, cluster(deployment="prod"), on_change)
+        assert ("belongs to DAG 'nightly', run 'run-1', task 'create', deployment 'staging', not to this task "
+                "(DAG 'nightly', run 'run-1', task 'create', deployment 'prod')") in str(info.value)
+        assert "give each deployment's raytpu connection its own extra.deployment" in str(info.value)
+    assert apply_cluster(store, cluster(deployment="staging")).action is Applied.ADOPTED
+
+    legacy = MemoryStore()
+    legacy.put(cluster())
+    with pytest.raises(ConflictError, match="made before this provider recorded the Airflow deployment. If it is "
+                                            "this deployment's, record that: kubectl annotate -n ml rayclusters "
+                                            "train raytpu.dev/deployment=prod"):
+        apply_cluster(legacy, cluster(deployment="prod"))
+    assert legacy.version == 1
 
 
 def test_a_different_spec_is_a_conflict_naming_its_owner_unless_updating_is_allowed() -> None:

@@ -13,7 +13,7 @@ from airflow.sdk.execution_time.comms import ErrorResponse
 
 from airflow_provider_raytpu.backends.base import ChangedSinceChecked, Precondition
 from airflow_provider_raytpu.errors import ConflictError
-from airflow_provider_raytpu.manifests.raycluster import MANAGED_BY_LABEL, AirflowOrigin
+from airflow_provider_raytpu.manifests.raycluster import DEPLOYMENT_KEY, MANAGED_BY_LABEL, AirflowOrigin
 from airflow_provider_raytpu.manifests.rayservice import build_ray_service
 from airflow_provider_raytpu.operators.expiry import run_gone
 from airflow_provider_raytpu.operators.rayservice import check_rollback_owner
@@ -72,3 +72,12 @@ def test_another_dag_never_rolls_back_a_service_it_did_not_deploy() -> None:
     del hand_made["metadata"]["labels"][MANAGED_BY_LABEL]
     with pytest.raises(ConflictError, match="belongs to no task of this provider"):
         check_rollback_owner(hand_made, AirflowOrigin("serving", "run-9", "roll_back"))
+
+
+def test_the_same_dag_in_another_airflow_deployment_never_rolls_back_the_service() -> None:
+    staging = service()
+    staging["metadata"]["annotations"][DEPLOYMENT_KEY] = "staging"
+    check_rollback_owner(staging, AirflowOrigin("serving", "run-9", "roll_back", deployment="staging"))
+    with pytest.raises(ConflictError, match="belongs to DAG 'serving', run 'run-1', task 'deploy', deployment "
+                                            "'staging', not to DAG 'serving'"):
+        check_rollback_owner(staging, AirflowOrigin("serving", "run-9", "roll_back", deployment="prod"))

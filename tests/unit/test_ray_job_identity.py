@@ -9,6 +9,17 @@ from airflow_provider_raytpu.operators.job_tries import same_cycle, will_be_retr
 from airflow_provider_raytpu.workloads.result import last_result, report_result
 
 
+class TaskStateStore(dict):
+    """Airflow's task state store as a task sees it (``context["task_state_store"]``: get, and set with a
+    retention), one per DAG run: a run deleted and created again starts with an empty one."""
+
+    def get(self, key: str, default: object = None) -> object:
+        return super().get(key, default)
+
+    def set(self, key: str, value: object, *, retention: object = None) -> None:
+        self[key] = value
+
+
 def test_submission_id_is_deterministic_per_try() -> None:
     first = JobIdentity("dag", "train", "manual__1", -1, 1)
     assert first.submission_id == JobIdentity("dag", "train", "manual__1", -1, 1).submission_id
@@ -16,6 +27,8 @@ def test_submission_id_is_deterministic_per_try() -> None:
     assert first.task_key == JobIdentity("dag", "train", "manual__1", -1, 2).task_key
     assert first.task_key != JobIdentity("dag", "train", "manual__1", 0, 1).task_key
     assert first.metadata()["raytpu.try_number"] == "1"
+    recreated = JobIdentity("dag", "train", "manual__1", -1, 1, run_token="another")
+    assert recreated.task_key != first.task_key, "a DAG run created again with the same run id is another run"
 
 
 def context(try_number: int, max_tries: int) -> dict:
@@ -49,7 +62,9 @@ def test_lowering_retries_mid_run_does_not_make_a_retry_look_like_a_clear() -> N
     from airflow_provider_raytpu.operators.jax_trainer import run_name_of
 
     ti = {"dag_id": "nightly", "run_id": "r1", "task_id": "train", "map_index": -1}
-    first, retry = ({"ti": SimpleNamespace(**ti, try_number=n, max_tries=3)} for n in (1, 2))
+    store = TaskStateStore()
+    first, retry = ({"ti": SimpleNamespace(**ti, try_number=n, max_tries=3), "task_state_store": store}
+                    for n in (1, 2))
     assert run_name_of(first) == run_name_of(retry), "the retry resumes the first try's checkpoints"
 
 
@@ -73,9 +88,10 @@ def test_result_line_round_trip(capsys) -> None:
 def test_default_cluster_name_is_one_per_dag_run_and_task_and_valid() -> None:
     from airflow_provider_raytpu.operators.raycluster import default_cluster_name
 
-    def name(dag_id: str, run_id: str, task_id: str = "create_cluster", map_index: int = -1) -> str:
+    def name(dag_id: str, run_id: str, task_id: str = "create_cluster", map_index: int = -1,
+             deployment: str = "prod") -> str:
         return default_cluster_name({"ti": SimpleNamespace(dag_id=dag_id, run_id=run_id, task_id=task_id,
-                                                           map_index=map_index)})
+                                                           map_index=map_index)}, deployment)
 
     run = "scheduled__2026-12-02T00:00:00+00:00"
     first = name("nightly_finetune", run)
@@ -84,8 +100,9 @@ def test_default_cluster_name_is_one_per_dag_run_and_task_and_valid() -> None:
     others = [name("nightly_finetune", "scheduled__2026-12-03T00:00:00+00:00"),  # another run
               name("nightly.finetune", run), name("Nightly_Finetune", run),  # DAG ids that read the same
               name("nightly_finetune", run, "create_eval_cluster"),  # another create task in the run
-              name("nightly_finetune", run, map_index=0)]  # a mapped create
-    assert len({first, *others}) == 6
+              name("nightly_finetune", run, map_index=0),  # a mapped create
+              name("nightly_finetune", run, deployment="staging")]  # the same DAG in another Airflow deployment
+    assert len({first, *others}) == 7
     # Two DAG ids sharing their first 44 characters (the old default kept only those).
     prefix = "a_very_long_dag_id_shared_by_two_teams_abcdef"
     assert name(prefix + "_a", run) != name(prefix + "_b", run)
@@ -96,12 +113,14 @@ def test_default_cluster_name_is_one_per_dag_run_and_task_and_valid() -> None:
 def test_default_service_name_is_one_per_dag_and_task_across_runs() -> None:
     from airflow_provider_raytpu.operators.rayservice import default_service_name
 
-    def name(dag_id: str, task_id: str = "deploy", run_id: str = "r1", map_index: int | None = -1) -> str:
+    def name(dag_id: str, task_id: str = "deploy", run_id: str = "r1", map_index: int | None = -1,
+             deployment: str = "prod") -> str:
         return default_service_name({"ti": SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id,
-                                                           map_index=map_index)})
+                                                           map_index=map_index)}, deployment)
 
     assert name("serving") == name("serving", run_id="r2"), "later runs promote the same RayService"
-    assert len({name("serving"), name("serving", "deploy_canary"), name("serv.ing"), name("serv_ing")}) == 4
+    assert len({name("serving"), name("serving", "deploy_canary"), name("serv.ing"), name("serv_ing"),
+                name("serving", deployment="staging")}) == 5
     assert len(name("x" * 100)) <= 47
     # Each map index of an expanded deploy serves its own applications; an unmapped task keeps its old name.
     assert name("serving", map_index=None) == name("serving") == "serving-deploy-" + name("serving").rsplit("-")[-1]
@@ -113,13 +132,19 @@ def test_default_service_name_is_one_per_dag_and_task_across_runs() -> None:
 def test_training_run_name_is_the_same_for_retries_and_new_after_a_clear() -> None:
     from airflow_provider_raytpu.operators.jax_trainer import run_name_of
 
-    def run_name(try_number: int, max_tries: int, resume_on_clear: bool = False) -> str:
+    store = TaskStateStore()
+
+    def run_name(try_number: int, max_tries: int, resume_on_clear: bool = False,
+                 run_store: TaskStateStore = store) -> str:
         ti = SimpleNamespace(dag_id="nightly", run_id="r1", task_id="train", map_index=-1, try_number=try_number,
                              max_tries=max_tries)
-        return run_name_of({"ti": ti}, resume_on_clear)
+        return run_name_of({"ti": ti, "task_state_store": run_store}, resume_on_clear)
 
     first_cycle = {run_name(1, 2), run_name(2, 2), run_name(3, 2)}
     assert len(first_cycle) == 1 and run_name(1, 2).startswith("nightly.train-")
     after_clear = {run_name(4, 5), run_name(5, 5)}
     assert len(after_clear) == 1 and after_clear != first_cycle
     assert run_name(4, 5, resume_on_clear=True) == run_name(1, 2, resume_on_clear=True)
+    # The run deleted and created again with the same run id: another token, never the old checkpoints.
+    assert run_name(1, 2, resume_on_clear=True, run_store=TaskStateStore()) != run_name(1, 2, resume_on_clear=True)
+    assert len(store) == 1, "one token for the run, made at its first try"

@@ -290,3 +290,48 @@ with DAG("train_raises", schedule=None, start_date=datetime(2026, 1, 1)):
     assert '  File "pipeline/train_loop.py", line 101, in train' in driver and "run_user_loop" not in log
     actors = [line for line in job if line.startswith("(") and "Traceback (most recent call last)" in line]
     assert actors and all(line.endswith("(frames: in the Ray dashboard's job log)") for line in actors)
+
+
+def training_dag(dag_id: str, checkpoints: str, seed: int) -> str:
+    """One training task of 10 steps that resumes after a Clear (``resume_on_clear``)."""
+    config = {"seed": seed, "total_steps": 10, "checkpoint_every": 5}
+    return f'''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.jax_trainer import JaxTrainerOperator
+
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1)):
+    JaxTrainerOperator(
+        task_id="train", cluster_name="train", train_loop="pipeline.train_loop:train_loop_per_worker",
+        checkpoint_uri={checkpoints!r}, config={config!r}, accelerator="v6e", topology="2x4", chips_per_host=4,
+        runtime_env={{"py_modules": [{str(PIPELINE)!r}]}}, resume_on_clear=True, deferrable=False, poll_interval=0.5,
+    )
+'''
+
+
+def test_a_run_resumes_only_its_own_checkpoints_and_only_under_its_config(
+        request: pytest.FixtureRequest, airflow_home: Path, emulated_cluster: EmulatedCluster,
+        fake_gcs: GcsStorage) -> None:
+    """A Clear of the run resumes the run it trained (``resume_on_clear``), but not under a changed config: that
+    fails without retries, naming what changed. The same DAG run deleted and created again (``dag.test()`` does
+    that for a logical date it ran before, as the REST API's delete and a new trigger do) keeps its run id and
+    is another run: it trains from step 0 under the new config, never resuming the deleted run's checkpoints."""
+    from datetime import UTC, datetime
+
+    checkpoints, day = fake_gcs.uri("ckpt-identity"), datetime(2026, 3, 1, tzinfo=UTC)
+    first = run_dag(airflow_home, training_dag("identity", checkpoints, 11), "identity", logical_date=day)["train"]
+    assert first.state == "success" and first.result["resumed_from_step"] is None, first
+
+    changed = Path(airflow_home / "dags" / "identity.py")
+    changed.write_text(training_dag("identity", checkpoints, 12))
+    run_id = clear_task("identity", "train")
+    with captured_output(request.config) as logs:
+        refused = resume_dag_run(changed, "identity", run_id)["train"]
+    assert (refused.state, refused.try_number) == ("failed", 2), "no retry: only the DAG's author can decide"
+    if logs.out or logs.err:  # the cleared task went on with the run it trained: the same run name
+        assert (f"training run {first.result['run_name']} " in logs.out + logs.err
+                and "was started with another training config: config.seed changed" in logs.out + logs.err)
+
+    again = run_dag(airflow_home, training_dag("identity", checkpoints, 12), "identity", logical_date=day)["train"]
+    assert again.state == "success"
+    assert again.result["run_name"] != first.result["run_name"] and again.result["resumed_from_step"] is None

@@ -88,14 +88,16 @@ def runs_uri(fake_gcs: GcsStorage) -> str:
 
 def start_driver(
     ray_slice: EmulatedSlice, runs_uri: str, run_name: str, tmp_path: Path, *, pause_at: int | None, max_failures: int,
-    name: str,
+    name: str, rerun: bool = False,
 ) -> Driver:
+    """A driver of ``run_name``; a ``rerun`` resumes it with the fault knobs of its config (``marker_dir``,
+    ``pause_at_step``) changed, which ``--on-config-change resume`` allows."""
     config = {"seed": SEED, "total_steps": TOTAL_STEPS, "checkpoint_every": EVERY, "batch_size": 16,
               "marker_dir": str(tmp_path), "pause_at_step": pause_at}
     args = [
         "--train-loop", LOOP, "--tpu", json.dumps(SLICE.to_dict()), "--run-name", run_name,
         "--checkpoint-uri", runs_uri, "--config", json.dumps(config), "--max-failures", str(max_failures),
-        "--checkpoints-to-keep", "3",
+        "--checkpoints-to-keep", "3", *(["--on-config-change", "resume"] if rerun else []),
     ]
     return Driver(args, driver_env(ray_slice), tmp_path, name)
 
@@ -295,7 +297,7 @@ def test_b_the_driver_dies_and_a_rerun_resumes_from_gcs(
     crashed_runs: dict[str, Any], tmp_path: Path, record_property: Any,
 ) -> None:
     started, run = time.monotonic(), "driver-dies"
-    rerun = start_driver(ray_slice, runs_uri, run, tmp_path, pause_at=None, max_failures=0, name="rerun")
+    rerun = start_driver(ray_slice, runs_uri, run, tmp_path, pause_at=None, max_failures=0, name="rerun", rerun=True)
     assert rerun.wait(timeout=400) == 0, rerun.log_tail()
     result = rerun.result()
     assert result["steps"] == TOTAL_STEPS
@@ -323,7 +325,7 @@ def test_c_a_partial_step_directory_left_by_a_crash_does_not_stop_the_resume(
     assert copy_prefix(f"{orbax}/25", f"{orbax}/30", keep=lambda path: not path.endswith("commit_success.txt"))
     assert orbax_steps(fake_gcs, runs_uri, run) == [10, 15, 20, 25, 30] and not committed(runs_uri, run, 30)
 
-    rerun = start_driver(ray_slice, runs_uri, run, tmp_path, pause_at=None, max_failures=0, name="rerun")
+    rerun = start_driver(ray_slice, runs_uri, run, tmp_path, pause_at=None, max_failures=0, name="rerun", rerun=True)
     assert rerun.wait(timeout=400) == 0, rerun.log_tail()
     result = rerun.result()
     assert result["steps"] == TOTAL_STEPS

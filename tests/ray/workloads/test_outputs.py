@@ -131,3 +131,20 @@ def test_overlap_after_normalising(first: str, second: str, how: str | None) -> 
     second = second.replace("{home}", str(Path.home()))
     assert overlap(first, second) == how
     assert location_key("gs://b/a/") == ("gs", "b", "a")
+
+
+def test_the_same_task_in_another_airflow_deployment_never_replaces_the_output(output: str) -> None:
+    """Staging and prod writing one bucket: prod's run of the task is refused staging's output, nothing deleted;
+    an output written before the deployment was recorded is refused, saying so."""
+    staging, prod = ({**json.loads(OWNER), "deployment": name} for name in ("staging", "prod"))
+    replace_output(output, json.dumps(staging, sort_keys=True), writer([1, 2]))
+    with pytest.raises(OutputNotOwnedError, match=r"is the output of another task \(.*\"deployment\": \"staging\".*"
+                                                  r"Give this task an output prefix of its own"):
+        replace_output(output, json.dumps(prod, sort_keys=True), writer([3, 4]))
+    assert listed_rows(output) == rows_at(output) == [1, 2]
+
+    storage.delete_prefix(output)
+    replace_output(output, OWNER, writer([5, 6]))  # an earlier release's owner: no deployment
+    with pytest.raises(OutputNotOwnedError, match="written before this provider recorded the Airflow deployment"):
+        replace_output(output, json.dumps(prod, sort_keys=True), writer([7, 8]))
+    assert rows_at(output) == [5, 6]
