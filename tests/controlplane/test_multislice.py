@@ -211,8 +211,9 @@ class SliceLoss(FaultThread):
         self.cp.delete_node(victim["spec"]["nodeName"])  # a preemption: the virtual kubelet fails its pod
         self.deleted_at = time.time()
         wait_for(lambda: self.away_until(self.marker_dir), 600, "the slice's replacement node may come", interval=0.5)
-        self.cp.add_node_pool(self.pool, tpu=V4, topology="2x2x2", num_nodes=1, host_processes=True)
+        # Before the call: its nodes register (and Ray Train may grow onto them) while it is still returning.
         self.replaced_at = time.time()
+        self.cp.add_node_pool(self.pool, tpu=V4, topology="2x2x2", num_nodes=1, host_processes=True)
         old = {p["metadata"]["uid"] for p in before}
 
         def recreated() -> list[dict[str, Any]] | None:
