@@ -26,8 +26,9 @@ from airflow_provider_raytpu.backends.local import LocalBackend
 from airflow_provider_raytpu.backends.local.serve import LocalServices, local_cluster_name
 from airflow_provider_raytpu.backends.local.state import cluster_dir
 from airflow_provider_raytpu.connection import ConnectionSettings
+from airflow_provider_raytpu.hooks.raytpu import default_deployment
 from airflow_provider_raytpu.manifests.options import RayClusterOptions
-from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, TASK_ID_KEY
+from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, DEPLOYMENT_KEY, TASK_ID_KEY
 from airflow_provider_raytpu.manifests.rayservice import build_ray_service
 from airflow_provider_raytpu.operators.rayservice import DeleteRayServiceOperator
 from airflow_provider_raytpu.status import ServicePhase
@@ -209,8 +210,9 @@ def apply_by_hand(backend: LocalServices, version: str, tpu_chips: int) -> None:
     config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     config["applications"][0]["deployments"][0]["ray_actor_options"]["resources"] = {"TPU": tpu_chips}
     manifest["spec"]["serveConfigV2"] = yaml.safe_dump(config)
-    # Written as the serving DAG's deploy task would: a RayService belongs to its (DAG, task).
-    manifest["metadata"].setdefault("annotations", {}).update({DAG_ID_KEY: SERVING_DAG, TASK_ID_KEY: "deploy"})
+    # Written as the serving DAG's deploy task would: a RayService belongs to its (deployment, DAG, task).
+    manifest["metadata"].setdefault("annotations", {}).update(
+        {DEPLOYMENT_KEY: default_deployment(), DAG_ID_KEY: SERVING_DAG, TASK_ID_KEY: "deploy"})
     backend.apply_service(manifest)
 
 
