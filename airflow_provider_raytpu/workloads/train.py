@@ -134,8 +134,10 @@ def check_datasets(spec: TrainSpec, datasets: dict[str, Any]) -> None:
             raise type(error)(f"dataset {name!r} ({spec.datasets[name]}): {error}") from None
 
 
-def build_trainer(spec: TrainSpec) -> JaxTrainer:
-    """The JaxTrainer for ``spec`` (connect to Ray first).
+def build_trainer(spec: TrainSpec) -> tuple[JaxTrainer, TrainSpec]:
+    """The JaxTrainer for ``spec`` (connect to Ray first), and the spec it trains: once the datasets are checked,
+    the run is settled against the config it was started with (a new run name with ``start_fresh``), so a job
+    refused before training records nothing.
 
     :param spec: the job description.
     """
@@ -148,6 +150,11 @@ def build_trainer(spec: TrainSpec) -> JaxTrainer:
     datasets: dict[str, GenDataset] = {name: read_dataset(uri) for name, uri in spec.datasets.items()}
     check_datasets(spec, datasets)
     storage = resolve(spec.checkpoint_uri)
+    settled = settle_run(storage, spec.run_name, spec.training_config(), spec.on_config_change)
+    if settled != spec.run_name:
+        print(f"The training config changed since run {spec.run_name} started: training a new run, {settled}, "
+              "from step 0 (on_config_change='start_fresh')")
+        spec = dataclasses.replace(spec, run_name=settled)
     return JaxTrainer(
         functools.partial(run_user_loop, spec.train_loop, hosts_per_slice=spec.tpu.hosts_per_slice),
         train_loop_config=spec.loop_config(),
@@ -160,7 +167,7 @@ def build_trainer(spec: TrainSpec) -> JaxTrainer:
             checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoints_to_keep),
         ),
         datasets=datasets or None,
-    )
+    ), spec
 
 
 def summarize(spec: TrainSpec, result: Any, seconds: float) -> dict[str, Any]:
@@ -203,15 +210,11 @@ def run_training(spec: TrainSpec) -> dict[str, Any]:
 
     started = time.monotonic()
     check_importable(spec.train_loop)  # before connecting: a typo fails in a second
-    settled = settle_run(resolve(spec.checkpoint_uri), spec.run_name, spec.training_config(), spec.on_config_change)
-    if settled != spec.run_name:
-        print(f"The training config changed since run {spec.run_name} started: training a new run, {settled}, "
-              "from step 0 (on_config_change='start_fresh')")
-        spec = dataclasses.replace(spec, run_name=settled)
     connected = connect()
-    delete_prefix(spec.steps_uri())  # the step times of an earlier attempt
     try:
-        result = build_trainer(spec).fit()
+        trainer, spec = build_trainer(spec)
+        delete_prefix(spec.steps_uri())  # the step times of an earlier attempt
+        result = trainer.fit()
     finally:
         if connected:
             import ray
