@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
-from airflow_provider_raytpu.workloads.storage import Location
+from airflow_provider_raytpu.workloads.storage import Location, write_file
 
 LEASE_NAME = "_raytpu_lease.json"
 LOCK_NAME = ".raytpu-lease.lock"
@@ -80,7 +80,13 @@ class Lease:
     @staticmethod
     def from_json(data: bytes) -> Lease | None:
         try:
-            value = json.loads(data)
+            return Lease.from_dict(json.loads(data))
+        except ValueError:
+            return None
+
+    @staticmethod
+    def from_dict(value: Any) -> Lease | None:
+        try:
             return Lease(dict(value["holder"]), str(value["token"]), str(value["staging"]),
                          float(value["expires_at"]), bool(value.get("released", False)))
         except (ValueError, KeyError, TypeError):
@@ -108,7 +114,8 @@ class _LocalLeaseFile:
     """The lease as a local file; its version is a counter in the file, changed under an exclusive flock."""
 
     def __init__(self, output: Location) -> None:
-        self.path = os.path.join(output.path, LEASE_NAME)
+        self.location = output.child(LEASE_NAME)
+        self.path = self.location.path
         self.lock_path = os.path.join(output.path, LOCK_NAME)
 
     @contextlib.contextmanager
@@ -124,7 +131,7 @@ class _LocalLeaseFile:
                 value = json.loads(stream.read())
         except (FileNotFoundError, ValueError):
             return None, 0
-        return Lease.from_json(json.dumps(value.get("lease")).encode()), int(value.get("version", 0))
+        return Lease.from_dict(value.get("lease")), int(value.get("version", 0))
 
     def read(self) -> tuple[Lease | None, int]:
         with self._locked():
@@ -134,10 +141,8 @@ class _LocalLeaseFile:
         with self._locked():
             if self._read()[1] != version:
                 raise _Conflict(self.path)
-            staged = f"{self.path}.{uuid.uuid4().hex[:8]}"
-            with open(staged, "wb") as stream:
-                stream.write(json.dumps({"lease": asdict(lease), "version": version + 1}).encode())
-            os.replace(staged, self.path)
+            # Written whole, beside it as a hidden file first: a claim listing the output never sees it half-made.
+            write_file(self.location, json.dumps({"lease": asdict(lease), "version": version + 1}).encode())
             return version + 1
 
 
