@@ -213,7 +213,11 @@ class JobLogFollower:
             self._in_traceback.add(prefix)
             return [f"{line} (frames: in the Ray dashboard's job log)"]
         if prefix not in self._in_traceback:
-            return None
+            if _FRAME.match(text) is None:
+                return None
+            # A frame without its header: Ray's log deduplication held the header back as another actor's.
+            self._in_traceback.add(prefix)
+            return [f"{prefix} Traceback (most recent call last): (frames: in the Ray dashboard's job log)"]
         if text[0].isspace():
             return []
         self._in_traceback.discard(prefix)  # its exception line

@@ -96,6 +96,9 @@ class AirflowDeployment:
         self._starts: dict[str, int] = {}
 
     def _environment(self, extra: Mapping[str, str]) -> dict[str, str]:
+        if not (NODE_GATE / "sitecustomize.py").is_file():
+            raise DeploymentError(f"{NODE_GATE / 'sitecustomize.py'} is missing: without it a test's gate file holds "
+                                  "no cluster node back and the deferral tests depend on timing (restore it from git)")
         # Nothing of the test process's own Airflow setup (tests/conftest.py) leaks in.
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW") and k != "RAY_ADDRESS"}
         python_path = os.pathsep.join(p for p in (str(REPO), str(NODE_GATE), os.environ.get("PYTHONPATH", "")) if p)

@@ -61,6 +61,17 @@ def test_an_actors_traceback_shows_as_its_header_and_exception_line() -> None:
     ]
 
 
+def test_an_actors_traceback_whose_header_ray_deduplicated_folds_too() -> None:
+    """Ray's log deduplication may print one actor's ``Traceback`` header for all and hold the others back;
+    their frames still fold, under a header of their own."""
+    headless = [f"{WORKER} Error in training function:", *(f"{WORKER} {line}" for line in TRACEBACK[1:])]
+    assert JobLogFollower().shown("\n".join(headless)) == [
+        f"{WORKER} Error in training function:",
+        f"{WORKER} Traceback (most recent call last): (frames: in the Ray dashboard's job log)",
+        f"{WORKER} ValueError: could not convert string to float: 'fast'",
+    ]
+
+
 def test_a_chained_traceback_folds_whole() -> None:
     chained = [f"{WORKER} {line}" for line in [
         "Traceback (most recent call last):", '  File "a.py", line 1, in f', "KeyError: 'lr'", "",

@@ -124,15 +124,18 @@ def test_a_create_that_adopts_its_cluster_renews_its_expiry(
         {"conn_type": "raytpu", "extra": {"backend": "local", "local_home": str(raytpu_home)}}))
     logical_date = datetime(2026, 12, 2, tzinfo=UTC)
     try:
-        first = run_dag(airflow_home, RENEWED.replace("LIFETIME", "25"), "local_renewal", logical_date=logical_date)
+        first = run_dag(airflow_home, RENEWED.replace("LIFETIME", "20"), "local_renewal", logical_date=logical_date)
         assert first["create_cluster"].state == "success"
         supervisor = local_backend.supervisor("renewed", "default")["pid"]
+        first_expiry = datetime.strptime(
+            local_backend.get_cluster("renewed", "default")["metadata"]["annotations"]["raytpu.dev/expires-at"],
+            "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
         again = run_dag(airflow_home, RENEWED.replace("LIFETIME", "3600"), "local_renewal", logical_date=logical_date)
         assert again["create_cluster"].state == "success"
         notes = local_backend.get_cluster("renewed", "default")["metadata"]["annotations"]
         assert notes["raytpu.dev/expires-at"] > (datetime.now(UTC) + timedelta(minutes=55)).strftime(
             "%Y-%m-%dT%H:%M:%SZ")
-        time.sleep(35)  # past the first expiry
+        time.sleep(max(0.0, (first_expiry - datetime.now(UTC)).total_seconds()) + 5)  # past the first expiry
         assert alive([supervisor]), "the supervisor kept the adopted cluster"
         assert local_backend.cluster_status("renewed", "default").phase is not Phase.FAILED
     finally:
