@@ -28,8 +28,8 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(PY) example_dags/demo/run.py
 
-# Lint and the docs first, then the tiers two at a time (tests/tiers.py): the control plane's builds and
-# tier in one lane, the tiers that need no build in the other. Budget: 45 min warm, 60 min on a fresh machine.
+# Lint and the docs first, then the tiers in two lanes (tests/tiers.py): the control plane's builds and the
+# control-plane, Ray and deployment tiers in one, unit and fake API beside them. Budget: tests/README.md.
 test: install lint docs
 	MAKE="$(MAKE)" $(PY) tests/tiers.py
 
