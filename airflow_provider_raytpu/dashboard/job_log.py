@@ -29,6 +29,8 @@ _TRACEBACK_LINE = re.compile(
     r"^(\s|Traceback \(most recent call last\)|Exception in thread |[\w.]+(Error|Exception)\b)")
 # Ray's note on a line several actors printed, the first time with a hint (ray/_private/ray_logging, _warn_once).
 _REPEATED = re.compile(r" \[repeated \d+x across cluster\](?: \(Ray deduplicates logs by default\.[^)]*\))?$")
+# What a folded traceback's header says instead of its frames.
+_FRAMES_ELSEWHERE = " (frames: in the Ray dashboard's job log)"
 _FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
 #: How many of the driver's last lines may follow its traceback's exception line (the trainer's "error:" line).
 _AFTER_TRACEBACK = 3
@@ -211,13 +213,13 @@ class JobLogFollower:
             return []  # Ray's prefix before an empty line: nothing to read
         if text == "Traceback (most recent call last):":
             self._in_traceback.add(prefix)
-            return [f"{line} (frames: in the Ray dashboard's job log)"]
+            return [f"{line}{_FRAMES_ELSEWHERE}"]
         if prefix not in self._in_traceback:
             if _FRAME.match(text) is None:
                 return None
             # A frame without its header: Ray's log deduplication held the header back as another actor's.
             self._in_traceback.add(prefix)
-            return [f"{prefix} Traceback (most recent call last): (frames: in the Ray dashboard's job log)"]
+            return [f"{prefix} Traceback (most recent call last):{_FRAMES_ELSEWHERE}"]
         if text[0].isspace():
             return []
         self._in_traceback.discard(prefix)  # its exception line

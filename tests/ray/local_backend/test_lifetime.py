@@ -17,7 +17,12 @@ import pytest
 from airflow_provider_raytpu.backends.base import Applied
 from airflow_provider_raytpu.backends.local import LocalBackend
 from airflow_provider_raytpu.manifests.options import RayClusterOptions
-from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin, build_ray_cluster
+from airflow_provider_raytpu.manifests.raycluster import (
+    EXPIRES_AT_ANNOTATION,
+    AirflowOrigin,
+    build_ray_cluster,
+    parse_expiry,
+)
 from airflow_provider_raytpu.status import Phase
 from airflow_provider_raytpu.tpu import TpuSlice
 from tests.ray.local_backend.emulated import CLUSTER_READY_TIMEOUT, watch_until
@@ -127,9 +132,8 @@ def test_a_create_that_adopts_its_cluster_renews_its_expiry(
         first = run_dag(airflow_home, RENEWED.replace("LIFETIME", "20"), "local_renewal", logical_date=logical_date)
         assert first["create_cluster"].state == "success"
         supervisor = local_backend.supervisor("renewed", "default")["pid"]
-        first_expiry = datetime.strptime(
-            local_backend.get_cluster("renewed", "default")["metadata"]["annotations"]["raytpu.dev/expires-at"],
-            "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        first_expiry = parse_expiry(
+            local_backend.get_cluster("renewed", "default")["metadata"]["annotations"][EXPIRES_AT_ANNOTATION])
         again = run_dag(airflow_home, RENEWED.replace("LIFETIME", "3600"), "local_renewal", logical_date=logical_date)
         assert again["create_cluster"].state == "success"
         notes = local_backend.get_cluster("renewed", "default")["metadata"]["annotations"]
