@@ -119,7 +119,7 @@ class LogTail:
         refusals = breaks = 0
         while True:
             try:
-                await self._stream(await self._dashboard())
+                closed_by_ray = await self._stream(await self._dashboard())
                 refusals = breaks = 0
             except aiohttp.WSServerHandshakeError as exc:
                 if exc.status in TRANSIENT_STATUSES:  # unreachable for now (the job's follower says so)
@@ -143,28 +143,33 @@ class LogTail:
                 self.reconnects += 1
                 await asyncio.sleep(min(MAX_BACKOFF_SECONDS, min(self.interval, 1.0) * breaks))
                 continue
-            # A normal close is the end of the log once the job has ended; before that, the stream
-            # was cut (a restarted head, a proxy's timeout) and is opened again. The follower's next
-            # read of the job's status says which.
-            if self._job_ended.is_set():
+            # Ray closes the stream once the job has ended and its log is drained; a close before
+            # the job ended was a cut (a proxy's timeout), and one without a close frame was a dropped
+            # connection (an API server or head restarting): opened again once the follower has read
+            # the job's status, and after a dropped connection even if the job ended meanwhile, for
+            # the rest of the log.
+            if closed_by_ray and self._job_ended.is_set():
                 self.wake.set()
                 return
             self._ticked.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ticked.wait(), max(10.0, 3 * self.interval))
-            if self._job_ended.is_set():
+            if closed_by_ray and self._job_ended.is_set():
                 self.wake.set()
                 return
             self.reconnects += 1
 
-    async def _stream(self, transport: HttpTransport) -> None:
+    async def _stream(self, transport: HttpTransport) -> bool:
+        """Pass on the stream's text until it ends; whether it ended with a close frame (aiohttp reports a
+        dropped connection as closed too, without one)."""
         import aiohttp
 
         async with transport.websocket(f"/api/jobs/{self.submission_id}/logs/tail") as ws:
             skip = self.consumed
-            async for message in ws:
+            while True:
+                message = await ws.receive()
                 if message.type is not aiohttp.WSMsgType.TEXT:
-                    break
+                    return message.type is aiohttp.WSMsgType.CLOSE
                 text: str = message.data
                 self.received += len(text)
                 if skip:

@@ -120,6 +120,21 @@ async def test_a_cut_stream_resumes_without_writing_a_line_twice(jobs: JobsStub,
     assert written(capfd) == [f"line {i}" for i in range(30)]
 
 
+async def test_a_stream_dropped_just_before_the_job_ends_still_delivers_the_end_of_the_log(
+        jobs: JobsStub, kube: FakeKubeApiServer, capfd: pytest.CaptureFixture[str]) -> None:
+    # Seen in the deployment tier under load: the API server restarted (every connection dropped), and the
+    # job ended before the follower's next status read; the last 18 of its 40 lines never reached the task log.
+    jobs.add("a", "job-1", log=lines(0, 10))
+    follower = trigger("a", "job-1", poll_interval=1.0)
+    task = asyncio.create_task(first_event(follower))
+    await asyncio.to_thread(kube.wait_for, lambda: follower.logged_chars == len(lines(0, 10)), 10)
+    assert kube.drop_connections() >= 1
+    jobs.finish("a", "job-1", text=lines(10, 20))  # within the second before the next status read
+    assert (await task)["status"] == "SUCCEEDED"
+    assert written(capfd) == [f"line {i}" for i in range(20)]
+    assert jobs.requests[("a", "tail")] == 2, "the rest came from the stream opened again"
+
+
 async def test_refused_upgrades_fall_back_to_reading_the_whole_log(jobs: JobsStub, kube: FakeKubeApiServer,
                                                                    capfd: pytest.CaptureFixture[str]) -> None:
     kube.proxy.refuse_upgrades = True
