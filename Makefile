@@ -29,7 +29,7 @@ demo: install
 	$(PY) example_dags/demo/run.py
 
 # Lint and the docs first, then the tiers in two lanes (tests/tiers.py): the control plane's builds and the
-# control-plane, Ray and deployment tiers in one, unit and fake API beside them. Budget: tests/README.md.
+# control-plane and Ray tiers in one, unit, fake API and deployment beside them. Budget: tests/README.md.
 test: install lint docs
 	MAKE="$(MAKE)" $(PY) tests/tiers.py
 

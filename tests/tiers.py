@@ -1,10 +1,10 @@
 """`make test`'s tiers in two lanes, each tier's output kept whole.
 
-Lane 1 builds the control plane (under ``nice``: a no-op once built) and runs the control-plane,
-Ray and deployment tiers one after another; lane 2 runs the unit and fake-API tiers beside it.
-Those two mostly wait (the machine is about a quarter busy during the fake-API tier), so they
-cost lane 1 little. Two of the heavy tiers at once kept a 2-core machine 95 % busy and made
-load-sensitive tests fail, so the heavy tiers stay in one lane (tests/README.md).
+Lane 1 builds the control plane (under ``nice``: a no-op once built) and runs the control-plane
+and Ray tiers one after another; lane 2 runs the unit, fake-API and deployment tiers beside it.
+The control-plane tier mostly waits for Kubernetes and keeps a 2-core machine half busy, so the
+deployment tier fits beside it; the Ray tier beside it kept the machine 95 % busy and hung a
+training job (tests/README.md), so those two never overlap.
 
 A tier's output goes to ``build/test-logs/<tier>.log`` and is printed whole when the tier ends,
 with its elapsed time; while tiers run, a line every two minutes says where each one is. The exit
@@ -51,15 +51,16 @@ class Tier:
 
 
 def lanes(make: str, count: int) -> list[list[Tier]]:
-    """The tiers by lane: the control plane's builds and the heavy tiers first, the light tiers beside them."""
+    """The tiers by lane: the control plane's builds, its tier and the Ray tier; beside them the light tiers
+    and the deployment tier."""
     target = [make, "--no-print-directory"]
-    heavy = [
+    first = [
         Tier("controlplane", [["nice", "-n", "10", *target, "k8s-binaries", "kueue"], [*target, "test-controlplane"]]),
         Tier("ray", [[*target, "test-ray"]]),
-        Tier("deployment", [[*target, "test-deployment"]]),
     ]
-    light = [Tier("unit", [[*target, "test-unit"]]), Tier("fakeapi", [[*target, "test-fakeapi"]])]
-    return [heavy, light] if count > 1 else [light + heavy]
+    second = [Tier("unit", [[*target, "test-unit"]]), Tier("fakeapi", [[*target, "test-fakeapi"]]),
+              Tier("deployment", [[*target, "test-deployment"]])]
+    return [first, second] if count > 1 else [second + first]
 
 
 def minutes(seconds: float) -> str:
