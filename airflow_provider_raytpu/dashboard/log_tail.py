@@ -143,17 +143,17 @@ class LogTail:
                 self.reconnects += 1
                 await asyncio.sleep(min(MAX_BACKOFF_SECONDS, min(self.interval, 1.0) * breaks))
                 continue
-            # Ray closes the stream once the job has ended and its log is drained; a close before
-            # the job ended was a cut (a proxy's timeout), and one without a close frame was a dropped
-            # connection (an API server or head restarting): opened again once the follower has read
-            # the job's status, and after a dropped connection even if the job ended meanwhile, for
-            # the rest of the log.
+            # Ray closes the stream with a close frame once the job has ended and its log is drained.
+            # Any other end (a close before the job ended: a proxy's timeout; a connection dropped
+            # without a close frame: an API server or head restarting) may leave text unread, so the
+            # stream is opened again, once the follower has read the job's status if it is still running.
             if closed_by_ray and self._job_ended.is_set():
                 self.wake.set()
                 return
-            self._ticked.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ticked.wait(), max(10.0, 3 * self.interval))
+            if not self._job_ended.is_set():
+                self._ticked.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._ticked.wait(), max(10.0, 3 * self.interval))
             if closed_by_ray and self._job_ended.is_set():
                 self.wake.set()
                 return
