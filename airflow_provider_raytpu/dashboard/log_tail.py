@@ -147,9 +147,6 @@ class LogTail:
             # Any other end (a close before the job ended: a proxy's timeout; a connection dropped
             # without a close frame: an API server or head restarting) may leave text unread, so the
             # stream is opened again, once the follower has read the job's status if it is still running.
-            if closed_by_ray and self._job_ended.is_set():
-                self.wake.set()
-                return
             if not self._job_ended.is_set():
                 self._ticked.clear()
                 with contextlib.suppress(TimeoutError):
