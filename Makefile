@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256s
 PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
 UV_VERSION := 0.13.8
 
-.PHONY: install demo lint test test-full docs test-unit test-fakeapi test-controlplane test-ray test-deployment k8s-binaries kuberay-samples kueue bench constraints clean
+.PHONY: install demo lint test test-full docs test-unit test-fakeapi test-controlplane test-ray test-ray-training test-ray-rest test-deployment k8s-binaries kuberay-samples kueue bench constraints clean
 
 install: $(STAMP)
 
@@ -28,8 +28,9 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(PY) example_dags/demo/run.py
 
-# Lint and the docs first, then the tiers in two lanes (tests/tiers.py): the control plane's builds and the
-# control-plane and Ray tiers in one, unit, fake API and deployment beside them. Budget: tests/README.md.
+# Lint and the docs first, then the tiers in two lanes (tests/tiers.py): the control plane's builds, its tier
+# and the Ray training tier in one; unit, fake API, deployment and the rest of the Ray tier beside them.
+# Budget: tests/README.md.
 test: install lint docs
 	MAKE="$(MAKE)" $(PY) tests/tiers.py
 
@@ -74,6 +75,16 @@ test-controlplane: install k8s-binaries kueue
 # Real Ray: the local backend, Ray jobs, Serve, Ray Data and JaxTrainer on emulated TPU slices.
 test-ray: install
 	$(PYTEST) tests/ray -q
+
+# The Ray tier in two parts that `make test` runs in different lanes: JaxTrainer on multi-host emulated
+# slices (in this order: the tests that kill a host last) and everything else in tests/ray.
+RAY_TRAINING := tests/ray/local_backend/test_training.py tests/ray/local_backend/test_demo.py \
+	tests/ray/local_backend/test_multislice.py tests/ray/workloads/test_fault_tolerance.py
+test-ray-training: install
+	$(PYTEST) $(RAY_TRAINING) -q
+
+test-ray-rest: install
+	$(PYTEST) tests/ray $(addprefix --ignore=,$(RAY_TRAINING)) -q
 
 # A real Airflow deployment: api-server, scheduler, dag-processor and triggerer as separate processes
 # (LocalExecutor on SQLite, a private AIRFLOW_HOME), the local backend, driven only through the REST API.

@@ -1,10 +1,13 @@
 """`make test`'s tiers in two lanes, each tier's output kept whole.
 
 Lane 1 builds the control plane (under ``nice``: a no-op once built) and runs the control-plane
-and Ray tiers one after another; lane 2 runs the unit, fake-API and deployment tiers beside it.
-The control-plane tier mostly waits for Kubernetes and keeps a 2-core machine half busy, so the
-deployment tier fits beside it; the Ray tier beside it kept the machine 95 % busy and hung a
-training job (tests/README.md), so those two never overlap.
+tier, then the Ray tier's JaxTrainer runs on multi-host slices (``test-ray-training``, the tests
+that kill a host last); lane 2 runs the unit, fake-API and deployment tiers and the rest of the
+Ray tier (``test-ray-rest``) beside it. The control-plane tier mostly waits for Kubernetes and
+keeps a 2-core machine half busy, so the deployment tier fits beside it; the whole Ray tier beside
+it kept the machine 95 % busy and hung a multi-slice training job after a lost host
+(tests/README.md), so the training part starts only when the control-plane tier has ended, and
+its host-loss tests run last, when lane 2 has ended too.
 
 A tier's output goes to ``build/test-logs/<tier>.log`` and is printed whole when the tier ends,
 with its elapsed time; while tiers run, a line every two minutes says where each one is. The exit
@@ -51,15 +54,15 @@ class Tier:
 
 
 def lanes(make: str, count: int) -> list[list[Tier]]:
-    """The tiers by lane: the control plane's builds, its tier and the Ray tier; beside them the light tiers
-    and the deployment tier."""
+    """The tiers by lane: the control plane's builds, its tier and the Ray tier's training part; beside them
+    the light tiers, the deployment tier and the rest of the Ray tier."""
     target = [make, "--no-print-directory"]
     first = [
         Tier("controlplane", [["nice", "-n", "10", *target, "k8s-binaries", "kueue"], [*target, "test-controlplane"]]),
-        Tier("ray", [[*target, "test-ray"]]),
+        Tier("ray-training", [[*target, "test-ray-training"]]),
     ]
     second = [Tier("unit", [[*target, "test-unit"]]), Tier("fakeapi", [[*target, "test-fakeapi"]]),
-              Tier("deployment", [[*target, "test-deployment"]])]
+              Tier("deployment", [[*target, "test-deployment"]]), Tier("ray-rest", [[*target, "test-ray-rest"]])]
     return [first, second] if count > 1 else [second + first]
 
 
