@@ -104,36 +104,9 @@ class ConnectionSettings:
             raise InvalidInputError(
                 f"connection {conn_id!r} extra.backend", backend, "is not a backend", f"Set it to one of {BACKENDS}"
             )
-        values: dict[str, Any] = {k: v for k, v in extra.items() if v not in (None, "")}
-        for flag in ("use_internal_ip", "use_dns_endpoint", "confirm_with_ray", "ray_token_auth",
-                     "insecure_dashboard_http"):
-            if flag in values:
-                values[flag] = parse_bool(values[flag], f"connection {conn_id!r} extra.{flag}")
-        if "local_max_hosts" in values:
-            values["local_max_hosts"] = parse_int(values["local_max_hosts"],
-                                                  f"connection {conn_id!r} extra.local_max_hosts")
-        chain = values.get("impersonation_chain")
-        if isinstance(chain, str) and "," in chain:
-            values["impersonation_chain"] = [account.strip() for account in chain.split(",") if account.strip()]
-        if values.get("dashboard", "proxy") not in DASHBOARD_ACCESS:
-            raise InvalidInputError(
-                f"connection {conn_id!r} extra.dashboard", values["dashboard"], "is not a way to reach the dashboard",
-                f"Set it to one of {DASHBOARD_ACCESS}",
-            )
-        if values.get("dashboard") == "url" and not values.get("dashboard_url"):
-            raise InvalidInputError(
-                f"connection {conn_id!r} extra.dashboard_url", None, "is required with dashboard='url'",
-                "Set it, e.g. 'https://ray.example.com/{namespace}/{cluster_name}/'",
-            )
-        check_token_transport(conn_id, backend, values)
-        if "chip_hour_prices" in values:
-            values["chip_hour_prices"] = check_prices(values["chip_hour_prices"],
-                                                      f"connection {conn_id!r} extra.chip_hour_prices")
-        if "namespace" in values:
-            check_namespace(values["namespace"], f"connection {conn_id!r} extra.namespace")
-        if "deployment" in values and (problem := label_value_problem(values["deployment"])):
-            raise InvalidInputError(f"connection {conn_id!r} extra.deployment", values["deployment"], problem,
-                                    "Name the deployment as a Kubernetes label value, e.g. 'prod' or 'staging'")
+        values = _typed_values(conn_id, extra)
+        _check_dashboard_access(conn_id, backend, values)
+        _check_names(conn_id, values)
         if backend == "gke":
             missing = [f for f in ("project_id", "location", "cluster") if not values.get(f)]
             if missing:
@@ -142,6 +115,48 @@ class ConnectionSettings:
                     "Set project_id, location and cluster (the GKE cluster's name)",
                 )
         return cls(conn_id=conn_id, **values)
+
+
+def _typed_values(conn_id: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The extras that are set, each as its field's type (a form sends every value as a string)."""
+    values: dict[str, Any] = {k: v for k, v in extra.items() if v not in (None, "")}
+    for flag in ("use_internal_ip", "use_dns_endpoint", "confirm_with_ray", "ray_token_auth",
+                 "insecure_dashboard_http"):
+        if flag in values:
+            values[flag] = parse_bool(values[flag], f"connection {conn_id!r} extra.{flag}")
+    if "local_max_hosts" in values:
+        values["local_max_hosts"] = parse_int(values["local_max_hosts"],
+                                              f"connection {conn_id!r} extra.local_max_hosts")
+    chain = values.get("impersonation_chain")
+    if isinstance(chain, str) and "," in chain:
+        values["impersonation_chain"] = [account.strip() for account in chain.split(",") if account.strip()]
+    if "chip_hour_prices" in values:
+        values["chip_hour_prices"] = check_prices(values["chip_hour_prices"],
+                                                  f"connection {conn_id!r} extra.chip_hour_prices")
+    return values
+
+
+def _check_dashboard_access(conn_id: str, backend: str, values: Mapping[str, Any]) -> None:
+    if values.get("dashboard", "proxy") not in DASHBOARD_ACCESS:
+        raise InvalidInputError(
+            f"connection {conn_id!r} extra.dashboard", values["dashboard"], "is not a way to reach the dashboard",
+            f"Set it to one of {DASHBOARD_ACCESS}",
+        )
+    if values.get("dashboard") == "url" and not values.get("dashboard_url"):
+        raise InvalidInputError(
+            f"connection {conn_id!r} extra.dashboard_url", None, "is required with dashboard='url'",
+            "Set it, e.g. 'https://ray.example.com/{namespace}/{cluster_name}/'",
+        )
+    check_token_transport(conn_id, backend, values)
+
+
+def _check_names(conn_id: str, values: Mapping[str, Any]) -> None:
+    """The namespace and the deployment's name are valid Kubernetes names."""
+    if "namespace" in values:
+        check_namespace(values["namespace"], f"connection {conn_id!r} extra.namespace")
+    if "deployment" in values and (problem := label_value_problem(values["deployment"])):
+        raise InvalidInputError(f"connection {conn_id!r} extra.deployment", values["deployment"], problem,
+                                "Name the deployment as a Kubernetes label value, e.g. 'prod' or 'staging'")
 
 
 def check_token_transport(conn_id: str, backend: str, values: Mapping[str, Any]) -> None:

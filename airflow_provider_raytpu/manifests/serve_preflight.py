@@ -10,6 +10,7 @@ either rule, naming the application, the field and the fix.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
@@ -135,81 +136,127 @@ def replica_tpu_chips(deployment: Mapping[str, Any]) -> float:
     return max(_number(resources.get(TPU)) or 0.0, _number(options.get("num_tpus")) or 0.0)
 
 
+@dataclass(frozen=True)
+class _Replica:
+    """One deployment's replica, checked against the hosts and the slice of ``tpu``: what every message names.
+
+    :param app: the application's name.
+    :param deployment: the deployment's entry in the Serve config.
+    :param tpu: the RayService's slice shape.
+    """
+
+    app: str
+    deployment: Mapping[str, Any]
+    tpu: TpuSlice
+
+    def at(self, field_name: str) -> str:
+        return where_in_config(self.app, f"deployments[{self.deployment.get('name')!r}].{field_name}")
+
+    @property
+    def chips(self) -> float:
+        return replica_tpu_chips(self.deployment)
+
+    @property
+    def actor_options(self) -> dict[str, Any]:
+        return dict(self.deployment.get("ray_actor_options") or {})
+
+    @property
+    def per_host(self) -> str:
+        return f"one host of a {self.tpu.accelerator} {self.tpu.topology} slice has {self.tpu.host_chips} chips"
+
+    @property
+    def example(self) -> str:
+        host, chips = self.tpu.host_chips, self.chips
+        bundles = min(self.tpu.hosts_per_slice, max(1, -(-int(chips) // host))) if chips else self.tpu.hosts_per_slice
+        return f"placement_group_bundles=[{{'TPU': {host}}}] * {bundles}, placement_group_strategy='STRICT_SPREAD'"
+
+
 def _deployment_problems(app: str, deployment: Mapping[str, Any], tpu: TpuSlice) -> Iterator[InvalidInputError]:
-    name = deployment.get("name")
-    where = f"deployments[{name!r}]"
-    host = tpu.host_chips
-    per_host = f"one host of a {tpu.accelerator} {tpu.topology} slice has {host} chips"
-    chips = replica_tpu_chips(deployment)
+    replica = _Replica(app, deployment, tpu)
     bundles = deployment.get("placement_group_bundles")
     strategy = deployment.get("placement_group_strategy")
-    bundles_needed = min(tpu.hosts_per_slice, max(1, -(-int(chips) // host))) if chips else tpu.hosts_per_slice
-    example = (f"placement_group_bundles=[{{'TPU': {host}}}] * {bundles_needed}, "
-               "placement_group_strategy='STRICT_SPREAD'")
     if strategy is not None and strategy not in PLACEMENT_STRATEGIES:
-        yield InvalidInputError(where_in_config(app, f"{where}.placement_group_strategy"), strategy,
+        yield InvalidInputError(replica.at("placement_group_strategy"), strategy,
                                 "is not a placement strategy", f"Write one of {', '.join(PLACEMENT_STRATEGIES)}")
     if bundles is None:
-        if strategy is not None:
-            yield InvalidInputError(
-                where_in_config(app, f"{where}.placement_group_strategy"), strategy,
-                "is given without placement_group_bundles",
-                f"Declare the bundles too, e.g. {example}",
-            )
-        if chips > host:
-            yield InvalidInputError(
-                where_in_config(app, f"{where}.ray_actor_options"), dict(deployment.get("ray_actor_options") or {}),
-                f"asks for {_chips(chips)} TPU chips per replica, but {per_host}, and a replica without "
-                "placement-group bundles lives on one host, so it can never be scheduled",
-                f"Declare one bundle per host ({example}) and ask for at most {host} chips in ray_actor_options "
-                "(the replica actor is placed in the first bundle)",
-            )
+        yield from _unbundled_problems(replica, strategy)
         return
     if not isinstance(bundles, list) or not bundles or not all(isinstance(b, Mapping) for b in bundles):
-        yield InvalidInputError(where_in_config(app, f"{where}.placement_group_bundles"), bundles,
-                                "is not a non-empty list of resource dicts", f"Write e.g. {example}")
+        yield InvalidInputError(replica.at("placement_group_bundles"), bundles,
+                                "is not a non-empty list of resource dicts", f"Write e.g. {replica.example}")
         return
     sizes = [_number(b.get(TPU, 0)) for b in bundles]
     if any(size is None for size in sizes):
-        yield InvalidInputError(where_in_config(app, f"{where}.placement_group_bundles"), bundles,
-                                "has a TPU amount that is not a number", f"Write e.g. {example}")
+        yield InvalidInputError(replica.at("placement_group_bundles"), bundles,
+                                "has a TPU amount that is not a number", f"Write e.g. {replica.example}")
         return
-    if big := [s for s in sizes if s and s > host]:
+    chip_sizes = [size or 0.0 for size in sizes]
+    yield from _bundle_size_problems(replica, bundles, chip_sizes)
+    yield from _spread_problems(replica, bundles, chip_sizes, strategy)
+
+
+def _unbundled_problems(replica: _Replica, strategy: Any) -> Iterator[InvalidInputError]:
+    """A replica without placement-group bundles lives on one host."""
+    if strategy is not None:
         yield InvalidInputError(
-            where_in_config(app, f"{where}.placement_group_bundles"), bundles,
-            f"has a bundle of {_chips(big[0])} TPU chips, but {per_host}, so no host can hold it",
-            f"Use bundles of at most {host} chips, one per host, e.g. {example}",
+            replica.at("placement_group_strategy"), strategy, "is given without placement_group_bundles",
+            f"Declare the bundles too, e.g. {replica.example}",
         )
-    if chips > (sizes[0] or 0):
+    host = replica.tpu.host_chips
+    if replica.chips > host:
         yield InvalidInputError(
-            where_in_config(app, f"{where}.ray_actor_options"), dict(deployment.get("ray_actor_options") or {}),
-            f"asks for {_chips(chips)} TPU chips, but Ray Serve places the replica actor in the first "
-            f"placement-group bundle, which has {_chips(sizes[0] or 0)}",
-            f"Ask for at most {_chips(sizes[0] or 0)} chips in ray_actor_options; the bundles hold the rest of the "
-            "slice",
+            replica.at("ray_actor_options"), replica.actor_options,
+            f"asks for {_chips(replica.chips)} TPU chips per replica, but {replica.per_host}, and a replica without "
+            "placement-group bundles lives on one host, so it can never be scheduled",
+            f"Declare one bundle per host ({replica.example}) and ask for at most {host} chips in ray_actor_options "
+            "(the replica actor is placed in the first bundle)",
         )
-    total = sum(s or 0 for s in sizes)
-    if total > host:
-        if strategy is None:
-            yield InvalidInputError(
-                where_in_config(app, f"{where}.placement_group_strategy"), None,
-                f"is missing, but the bundles hold {_chips(total)} TPU chips and {per_host}",
-                "Write placement_group_strategy='STRICT_SPREAD' (one bundle per host)",
-            )
-        elif strategy == "STRICT_PACK":
-            yield InvalidInputError(
-                where_in_config(app, f"{where}.placement_group_strategy"), strategy,
-                f"puts every bundle on one host, but the bundles hold {_chips(total)} TPU chips and {per_host}",
-                "Write placement_group_strategy='STRICT_SPREAD' (one bundle per host)",
-            )
-        if total > tpu.chips_per_slice:
-            yield InvalidInputError(
-                where_in_config(app, f"{where}.placement_group_bundles"), bundles,
-                f"hold {_chips(total)} TPU chips, more than one {tpu.accelerator} {tpu.topology} slice "
-                f"({tpu.chips_per_slice} chips): the replica would span slices, which have no interconnect",
-                f"Ask for at most {tpu.chips_per_slice} chips ({tpu.hosts_per_slice} bundles of {host}), or use a "
-                "larger topology",
-            )
+
+
+def _bundle_size_problems(replica: _Replica, bundles: list[Any], sizes: list[float]) -> Iterator[InvalidInputError]:
+    """Each bundle fits on a host, and the replica actor fits in the first bundle."""
+    host = replica.tpu.host_chips
+    if big := [s for s in sizes if s > host]:
+        yield InvalidInputError(
+            replica.at("placement_group_bundles"), bundles,
+            f"has a bundle of {_chips(big[0])} TPU chips, but {replica.per_host}, so no host can hold it",
+            f"Use bundles of at most {host} chips, one per host, e.g. {replica.example}",
+        )
+    if replica.chips > sizes[0]:
+        yield InvalidInputError(
+            replica.at("ray_actor_options"), replica.actor_options,
+            f"asks for {_chips(replica.chips)} TPU chips, but Ray Serve places the replica actor in the first "
+            f"placement-group bundle, which has {_chips(sizes[0])}",
+            f"Ask for at most {_chips(sizes[0])} chips in ray_actor_options; the bundles hold the rest of the slice",
+        )
+
+
+def _spread_problems(replica: _Replica, bundles: list[Any], sizes: list[float],
+                     strategy: Any) -> Iterator[InvalidInputError]:
+    """Bundles that need more than one host are spread one per host, and all of them fit on one slice."""
+    tpu, total = replica.tpu, sum(sizes)
+    if total <= tpu.host_chips:
+        return
+    if strategy is None:
+        yield InvalidInputError(
+            replica.at("placement_group_strategy"), None,
+            f"is missing, but the bundles hold {_chips(total)} TPU chips and {replica.per_host}",
+            "Write placement_group_strategy='STRICT_SPREAD' (one bundle per host)",
+        )
+    elif strategy == "STRICT_PACK":
+        yield InvalidInputError(
+            replica.at("placement_group_strategy"), strategy,
+            f"puts every bundle on one host, but the bundles hold {_chips(total)} TPU chips and {replica.per_host}",
+            "Write placement_group_strategy='STRICT_SPREAD' (one bundle per host)",
+        )
+    if total > tpu.chips_per_slice:
+        yield InvalidInputError(
+            replica.at("placement_group_bundles"), bundles,
+            f"hold {_chips(total)} TPU chips, more than one {tpu.accelerator} {tpu.topology} slice "
+            f"({tpu.chips_per_slice} chips): the replica would span slices, which have no interconnect",
+            f"Ask for at most {tpu.chips_per_slice} chips ({tpu.hosts_per_slice} bundles of {tpu.host_chips}), or "
+            "use a larger topology",
+        )
 
 
 # -- the whole config ----------------------------------------------------------------------

@@ -167,6 +167,79 @@ def named_list(items: list[str]) -> str:
     return ", ".join(items[:SHOWN]) + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
 
 
+@dataclass
+class _HostMatch:
+    """Ray's worker nodes matched to the TPU host pods, and what each node lacks.
+
+    :param hosts: the TPU host pods.
+    :param by_ip: the pods whose IP tells them apart (on the local backend every host shares one: empty).
+    """
+
+    hosts: list[TpuHost]
+    by_ip: dict[str, TpuHost]
+    no_chips: list[str] = dataclasses.field(default_factory=list)
+    no_slice: list[str] = dataclasses.field(default_factory=list)
+    slices: dict[str, list[RayNode]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
+    confirmed: int = 0
+
+    @classmethod
+    def of(cls, hosts: list[TpuHost]) -> _HostMatch:
+        ips = collections.Counter(h.ip for h in hosts if h.ip)
+        return cls(hosts, {h.ip: h for h in hosts if h.ip and ips[h.ip] == 1})
+
+    def name(self, node: RayNode) -> str:
+        host = self.by_ip.get(node.ip)
+        where = f"pod {host.pod}" if host else f"node {node.ip}"
+        worker = node.labels.get(WORKER_ID_LABEL)
+        return where + (f" (slice {node.slice_name} worker {worker})" if node.slice_name and worker else "")
+
+    def read(self, node: RayNode) -> None:
+        """One worker node: its chips against its pod's, and the slice it names."""
+        host = self.by_ip.get(node.ip)
+        if host is None and self.by_ip:
+            return  # not one of the ready TPU pods (a CPU worker, a host still starting, a replaced one)
+        chips_everywhere = {h.chips for h in self.hosts}
+        want = host.chips if host else next(iter(chips_everywhere)) if len(chips_everywhere) == 1 else None
+        if not node.chips or (want is not None and node.chips != want):
+            self.no_chips.append(f"{self.name(node)} has TPU={node.chips:g}" + (f", its pod {want}" if want else ""))
+        if node.slice_name:
+            self.slices[node.slice_name].append(node)
+        elif node.chips:
+            self.no_slice.append(self.name(node))
+        if node.chips and node.slice_name and (want is None or node.chips == want):
+            self.confirmed += 1
+
+    def listing_problems(self, workers: list[RayNode]) -> list[str]:
+        """TPU host pods that Ray does not list (by IP, or by count where IPs do not tell pods apart)."""
+        if not self.by_ip:
+            if len(workers) < len(self.hosts):
+                return [f"Ray lists {len(workers)} of {plural(len(self.hosts), 'TPU host')}"]
+            return []
+        listed = {n.ip for n in workers}
+        unlisted = [h for h in self.hosts if h.ip in self.by_ip and h.ip not in listed]
+        if not unlisted:
+            return []
+        return [f"Ray does not list {plural(len(unlisted), 'TPU host')}: "
+                + named_list([f"pod {h.pod} (slice {h.slice_index})" for h in unlisted])]
+
+    def slice_problems(self) -> list[str]:
+        """Hosts without chips or a slice name; slices whose sizes or heads differ from the pods'."""
+        problems = [f"no TPU chips registered by {named_list(self.no_chips)}"] if self.no_chips else []
+        if self.no_slice:
+            problems.append(f"no {SLICE_NAME_LABEL} label on {named_list(self.no_slice)} "
+                            "(TPU_NAME and TPU_WORKER_ID not set)")
+        want_sizes = sorted(collections.Counter(h.slice_index for h in self.hosts).values())
+        have_sizes = sorted(len(members) for members in self.slices.values())
+        if self.slices and have_sizes != want_sizes:
+            problems.append(f"Ray's slices have {_sizes(have_sizes)} hosts, the pods' {_sizes(want_sizes)}")
+        heads = [f"{slice_name} has {len([n for n in members if n.carries_slice_head])}"
+                 for slice_name, members in sorted(self.slices.items())
+                 if len([n for n in members if n.carries_slice_head]) != 1]
+        if heads:
+            problems.append(f"one TPU-<pod type>-head per slice needed: {named_list(heads)}")
+        return problems
+
+
 def check_ray_nodes(hosts: list[TpuHost], nodes: Iterable[RayNode]) -> RayCheck:
     """Read Ray's nodes against the TPU host pods: per slice, every host with its chips, one slice name
     shared by the slice's hosts only, and one ``TPU-<pod type>-head``.
@@ -179,59 +252,12 @@ def check_ray_nodes(hosts: list[TpuHost], nodes: Iterable[RayNode]) -> RayCheck:
     """
     if not hosts:
         return RayCheck(0, 0, ())
-    ips = collections.Counter(h.ip for h in hosts if h.ip)
-    by_ip = {h.ip: h for h in hosts if h.ip and ips[h.ip] == 1}
-    chips_everywhere = {h.chips for h in hosts}
+    match = _HostMatch.of(hosts)
     workers = [n for n in nodes if not n.is_head]
-
-    def name(node: RayNode) -> str:
-        host = by_ip.get(node.ip)
-        where = f"pod {host.pod}" if host else f"node {node.ip}"
-        worker = node.labels.get(WORKER_ID_LABEL)
-        return where + (f" (slice {node.slice_name} worker {worker})" if node.slice_name and worker else "")
-
-    no_chips: list[str] = []
-    no_slice: list[str] = []
-    slices: dict[str, list[RayNode]] = collections.defaultdict(list)
-    confirmed = 0
     for node in workers:
-        host = by_ip.get(node.ip)
-        if host is None and by_ip:
-            continue  # not one of the ready TPU pods (a CPU worker, a host still starting, a replaced one)
-        want = host.chips if host else next(iter(chips_everywhere)) if len(chips_everywhere) == 1 else None
-        if not node.chips or (want is not None and node.chips != want):
-            no_chips.append(f"{name(node)} has TPU={node.chips:g}" + (f", its pod {want}" if want else ""))
-        if node.slice_name:
-            slices[node.slice_name].append(node)
-        elif node.chips:
-            no_slice.append(name(node))
-        if node.chips and node.slice_name and (want is None or node.chips == want):
-            confirmed += 1
-
-    problems: list[str] = []
-    if by_ip:
-        listed = {n.ip for n in workers}
-        unlisted = [h for h in hosts if h.ip in by_ip and h.ip not in listed]
-        if unlisted:
-            problems.append(f"Ray does not list {plural(len(unlisted), 'TPU host')}: "
-                            + named_list([f"pod {h.pod} (slice {h.slice_index})" for h in unlisted]))
-    else:
-        confirmed = min(confirmed, len(hosts))
-        if len(workers) < len(hosts):
-            problems.append(f"Ray lists {len(workers)} of {plural(len(hosts), 'TPU host')}")
-    problems += [f"no TPU chips registered by {named_list(no_chips)}"] if no_chips else []
-    if no_slice:
-        problems.append(f"no {SLICE_NAME_LABEL} label on {named_list(no_slice)} "
-                        "(TPU_NAME and TPU_WORKER_ID not set)")
-    want_sizes = sorted(collections.Counter(h.slice_index for h in hosts).values())
-    have_sizes = sorted(len(members) for members in slices.values())
-    if slices and have_sizes != want_sizes:
-        problems.append(f"Ray's slices have {_sizes(have_sizes)} hosts, the pods' {_sizes(want_sizes)}")
-    heads = [f"{slice_name} has {len([n for n in members if n.carries_slice_head])}"
-             for slice_name, members in sorted(slices.items())
-             if len([n for n in members if n.carries_slice_head]) != 1]
-    if heads:
-        problems.append(f"one TPU-<pod type>-head per slice needed: {named_list(heads)}")
+        match.read(node)
+    problems = match.listing_problems(workers) + match.slice_problems()
+    confirmed = match.confirmed if match.by_ip else min(match.confirmed, len(hosts))
     return RayCheck(len(hosts), confirmed, tuple(problems))
 
 

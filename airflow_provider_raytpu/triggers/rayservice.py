@@ -134,37 +134,14 @@ class RayServiceRunningTrigger(BaseTrigger):
     async def _wait(self, services: ServiceBackend) -> dict[str, Any]:
         """Follow the watch through a queue, so the deploying clock and refreshes tick between events."""
         queue: asyncio.Queue[ServiceStatus | BaseException] = asyncio.Queue()
-
-        async def produce() -> None:
-            try:
-                async with contextlib.aclosing(
-                    services.watch_service(self.service_name, self.namespace, self.version, self.poll_interval)
-                ) as statuses:
-                    async for status in statuses:
-                        await queue.put(status)
-            except Exception as exc:  # handed to the consumer, which raises it
-                await queue.put(exc)
-
-        producer = asyncio.create_task(produce())
+        producer = asyncio.create_task(self._produce(services, queue))
         clock = ApplicationClock(self.deploying_timeout)
         unhealthy = ApplicationClock(self.grace_period, APP_UNHEALTHY)
         last: ServiceStatus | None = None
         pace = LogPace()
         try:
             while True:
-                now = time.time()
-                waits = [w for w in (clock.seconds_left(now), unhealthy.seconds_left(now), pace.seconds_left(),
-                                     self.poll_interval if last is not None and last.refresh else None)
-                         if w is not None]
-                try:
-                    item = await asyncio.wait_for(queue.get(), timeout=min(waits) if waits else None)
-                except TimeoutError:
-                    item = None
-                if isinstance(item, BaseException):
-                    raise item
-                if item is None and last is not None and last.refresh:
-                    item = await services.aservice_status(self.service_name, self.namespace, self.version)
-                status = item or last
+                status = await self._next_status(services, queue, last, (clock, unhealthy), pace) or last
                 if status is None:
                     pace.quiet()  # nothing read yet
                     continue
@@ -175,17 +152,52 @@ class RayServiceRunningTrigger(BaseTrigger):
                 if pace.due(status.message):
                     self.log.info("RayService %s: %s: %s (%.0f s)", self.service_name, status.phase.value,
                                   status.message, pace.elapsed)
-                if status.finished:
-                    return {"status": status.phase.value, "service": status.to_dict()}
-                if overdue := unhealthy.overdue(now):
-                    return {"status": ServicePhase.UNHEALTHY.value, "service": status.to_dict(), "waited": overdue[1]}
-                if overdue := clock.overdue(now):
-                    application, waited = overdue
-                    diagnosis = await services.adiagnose_service(self.service_name, self.namespace, self.version,
-                                                                waited)
-                    return {"status": DEPLOYING_TIMEOUT, "application": application, "waited": waited,
-                            "diagnosis": diagnosis}
+                if (payload := await self._verdict(services, status, now, clock, unhealthy)) is not None:
+                    return payload
         finally:
             producer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await producer
+
+    async def _produce(self, services: ServiceBackend, queue: asyncio.Queue[ServiceStatus | BaseException]) -> None:
+        try:
+            async with contextlib.aclosing(
+                services.watch_service(self.service_name, self.namespace, self.version, self.poll_interval)
+            ) as statuses:
+                async for status in statuses:
+                    await queue.put(status)
+        except Exception as exc:  # handed to the consumer, which raises it
+            await queue.put(exc)
+
+    async def _next_status(self, services: ServiceBackend, queue: asyncio.Queue[ServiceStatus | BaseException],
+                           last: ServiceStatus | None, clocks: tuple[ApplicationClock, ...],
+                           pace: LogPace) -> ServiceStatus | None:
+        """The watch's next status; when a clock or the log's pace comes due first, a fresh read if the last
+        status asks for refreshes, else ``None``."""
+        now = time.time()
+        refresh = last is not None and last.refresh
+        waits = [w for w in (*(c.seconds_left(now) for c in clocks), pace.seconds_left(),
+                             self.poll_interval if refresh else None) if w is not None]
+        try:
+            item = await asyncio.wait_for(queue.get(), timeout=min(waits) if waits else None)
+        except TimeoutError:
+            item = None
+        if isinstance(item, BaseException):
+            raise item
+        if item is None and refresh:
+            return await services.aservice_status(self.service_name, self.namespace, self.version)
+        return item
+
+    async def _verdict(self, services: ServiceBackend, status: ServiceStatus, now: float, clock: ApplicationClock,
+                       unhealthy: ApplicationClock) -> dict[str, Any] | None:
+        """The event's payload once the service is done, unhealthy too long or past its deploying timeout."""
+        if status.finished:
+            return {"status": status.phase.value, "service": status.to_dict()}
+        if overdue := unhealthy.overdue(now):
+            return {"status": ServicePhase.UNHEALTHY.value, "service": status.to_dict(), "waited": overdue[1]}
+        if overdue := clock.overdue(now):
+            application, waited = overdue
+            diagnosis = await services.adiagnose_service(self.service_name, self.namespace, self.version, waited)
+            return {"status": DEPLOYING_TIMEOUT, "application": application, "waited": waited,
+                    "diagnosis": diagnosis}
+        return None

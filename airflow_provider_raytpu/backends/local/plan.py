@@ -152,32 +152,69 @@ def plan_cluster(manifest: Mapping[str, Any], max_hosts: int | None = None) -> L
     :param max_hosts: refuse clusters with more TPU hosts than this (``replicas x numOfHosts``).
     :raises InvalidInputError: the manifest cannot be emulated here; nothing was started.
     """
+    name, namespace = _cluster_identity(manifest)
+    tpu = _slice_shape(manifest, name)
+    spec = manifest.get("spec") or {}
+    group = _tpu_worker_group(spec)
+    worker = _container(group.get("template") or {}, TPU_RESOURCE)
+    _check_group_matches_slice(group, worker, tpu)
+    _check_host_count(tpu, max_hosts)
+    names = tuple(slice_name(name, i) for i in range(tpu.num_slices))
+    host = _TpuHostTemplate(
+        tpu=tpu,
+        num_cpus=_num_cpus(group.get("rayStartParams") or {}, worker, HOST_MAX_CPUS),
+        extra_resources=_ray_param_resources(group.get("rayStartParams") or {}, "workerGroupSpecs[0]"),
+        env=_container_env(worker),
+    )
+    return LocalPlan(
+        name=name,
+        namespace=namespace,
+        tpu=tpu,
+        group_name=str(group.get("groupName") or "workers"),
+        head=_head_node(spec.get("headGroupSpec") or {}),
+        slices=tuple(tuple(host.node(index, slice_, worker_id) for worker_id in range(tpu.hosts_per_slice))
+                     for index, slice_ in enumerate(names)),
+        slice_names=names,
+        suspended=bool(spec.get("suspend")),
+    )
+
+
+def _cluster_identity(manifest: Mapping[str, Any]) -> tuple[str, str]:
     metadata = manifest.get("metadata") or {}
     name, namespace = metadata.get("name"), metadata.get("namespace")
     if not name or not namespace:
         raise InvalidInputError("manifest.metadata", metadata, "lacks a name or namespace",
                                 "Render the RayCluster with build_ray_cluster")
+    return str(name), str(namespace)
+
+
+def _slice_shape(manifest: Mapping[str, Any], name: str) -> TpuSlice:
     tpu = tpu_slice_of(manifest)
     if tpu is None:
         raise InvalidInputError(
             "manifest", name, "has no TPU slice annotation, so the local backend cannot tell the slice shape",
             "Render the RayCluster with build_ray_cluster(tpu=TpuSlice(...))",
         )
-    spec = manifest.get("spec") or {}
+    return tpu
+
+
+def _tpu_worker_group(spec: Mapping[str, Any]) -> Mapping[str, Any]:
     groups = spec.get("workerGroupSpecs") or []
     if len(groups) != 1:
         raise InvalidInputError(
             "spec.workerGroupSpecs", f"{len(groups)} groups", "the local backend emulates exactly one TPU worker group",
             "Render the RayCluster with build_ray_cluster (one worker group of whole slices)",
         )
-    group = groups[0]
-    replicas = int(group.get("replicas", group.get("minReplicas", 1)))
-    hosts = int(group.get("numOfHosts", 1))
-    worker = _container(group.get("template") or {}, TPU_RESOURCE)
+    group: Mapping[str, Any] = groups[0]
+    return group
+
+
+def _check_group_matches_slice(group: Mapping[str, Any], worker: Mapping[str, Any], tpu: TpuSlice) -> None:
+    """The worker group's replicas, hosts per replica and chips per host are the annotated slice's."""
     chips = ((worker.get("resources") or {}).get("limits") or {}).get(TPU_RESOURCE)
     for field_name, found, expected in (
-        ("replicas", replicas, tpu.num_slices),
-        ("numOfHosts", hosts, tpu.hosts_per_slice),
+        ("replicas", int(group.get("replicas", group.get("minReplicas", 1))), tpu.num_slices),
+        ("numOfHosts", int(group.get("numOfHosts", 1)), tpu.hosts_per_slice),
         (f"{TPU_RESOURCE} limit", None if chips is None else int(chips), tpu.host_chips),
     ):
         if found != expected:
@@ -186,6 +223,10 @@ def plan_cluster(manifest: Mapping[str, Any], max_hosts: int | None = None) -> L
                 f"does not match the TPU slice annotation ({tpu.describe()} wants {expected})",
                 "Render the RayCluster with build_ray_cluster and do not edit the worker group by hand",
             )
+
+
+def _check_host_count(tpu: TpuSlice, max_hosts: int | None) -> None:
+    replicas, hosts = tpu.num_slices, tpu.hosts_per_slice
     total = replicas * hosts
     if max_hosts is not None and total > max_hosts:
         raise InvalidInputError(
@@ -196,65 +237,53 @@ def plan_cluster(manifest: Mapping[str, Any], max_hosts: int | None = None) -> L
             f"local_max_hosts in the raytpu connection's extra if this machine can run {total + 1} Ray nodes",
         )
 
-    head_group = spec.get("headGroupSpec") or {}
-    head_params = head_group.get("rayStartParams") or {}
-    head_container = _container(head_group.get("template") or {})
-    head = NodeSpec(
+
+def _head_node(head_group: Mapping[str, Any]) -> NodeSpec:
+    params = head_group.get("rayStartParams") or {}
+    container = _container(head_group.get("template") or {})
+    return NodeSpec(
         key="head",
-        num_cpus=_num_cpus(head_params, head_container, HEAD_MAX_CPUS),
-        resources=_ray_param_resources(head_params, "headGroupSpec"),
-        env=_container_env(head_container),
+        num_cpus=_num_cpus(params, container, HEAD_MAX_CPUS),
+        resources=_ray_param_resources(params, "headGroupSpec"),
+        env=_container_env(container),
     )
-    worker_params = group.get("rayStartParams") or {}
-    worker_cpus = _num_cpus(worker_params, worker, HOST_MAX_CPUS)
-    extra_resources = _ray_param_resources(worker_params, "workerGroupSpecs[0]")
-    base_env = _container_env(worker)
-    names = tuple(slice_name(name, i) for i in range(replicas))
-    slices = []
-    for index, slice_ in enumerate(names):
-        slice_hosts = []
-        for worker_id in range(hosts):
-            resources = {
-                **extra_resources,
-                "TPU": float(tpu.host_chips),
-                slice_: 1.0,
-                f"accelerator_type:{tpu.ray_accelerator_type}": 1.0,
-            }
-            if worker_id == 0:
-                resources[tpu.head_resource] = 1.0
-            slice_hosts.append(
-                NodeSpec(
-                    key=f"s{index}h{worker_id}",
-                    num_cpus=worker_cpus,
-                    resources=resources,
-                    labels={
-                        LABEL_SLICE_NAME: slice_,
-                        LABEL_WORKER_ID: str(worker_id),
-                        LABEL_TOPOLOGY: tpu.topology,
-                        LABEL_POD_TYPE: tpu.pod_type,
-                        LABEL_ACCELERATOR_TYPE: tpu.ray_accelerator_type,
-                    },
-                    env={
-                        **base_env,
-                        "TPU_NAME": slice_,
-                        "TPU_WORKER_ID": str(worker_id),
-                        "TPU_ACCELERATOR_TYPE": tpu.pod_type,
-                        "TPU_TOPOLOGY": tpu.topology,
-                        "JAX_PLATFORMS": "cpu",
-                        **_megascale_env(base_env, index),
-                    },
-                    slice_index=index,
-                    worker_id=worker_id,
-                )
-            )
-        slices.append(tuple(slice_hosts))
-    return LocalPlan(
-        name=name,
-        namespace=namespace,
-        tpu=tpu,
-        group_name=str(group.get("groupName") or "workers"),
-        head=head,
-        slices=tuple(slices),
-        slice_names=names,
-        suspended=bool(spec.get("suspend")),
-    )
+
+
+@dataclass(frozen=True)
+class _TpuHostTemplate:
+    """What every TPU host of the worker group shares; :meth:`node` adds what GKE gives one host."""
+
+    tpu: TpuSlice
+    num_cpus: int
+    extra_resources: dict[str, float]
+    env: dict[str, str]
+
+    def node(self, slice_index: int, slice_: str, worker_id: int) -> NodeSpec:
+        tpu = self.tpu
+        resources = {**self.extra_resources, "TPU": float(tpu.host_chips), slice_: 1.0,
+                     f"accelerator_type:{tpu.ray_accelerator_type}": 1.0}
+        if worker_id == 0:
+            resources[tpu.head_resource] = 1.0
+        return NodeSpec(
+            key=f"s{slice_index}h{worker_id}",
+            num_cpus=self.num_cpus,
+            resources=resources,
+            labels={
+                LABEL_SLICE_NAME: slice_,
+                LABEL_WORKER_ID: str(worker_id),
+                LABEL_TOPOLOGY: tpu.topology,
+                LABEL_POD_TYPE: tpu.pod_type,
+                LABEL_ACCELERATOR_TYPE: tpu.ray_accelerator_type,
+            },
+            env={
+                **self.env,
+                "TPU_NAME": slice_,
+                "TPU_WORKER_ID": str(worker_id),
+                "TPU_ACCELERATOR_TYPE": tpu.pod_type,
+                "TPU_TOPOLOGY": tpu.topology,
+                "JAX_PLATFORMS": "cpu",
+                **_megascale_env(self.env, slice_index),
+            },
+            slice_index=slice_index,
+            worker_id=worker_id,
+        )

@@ -18,10 +18,9 @@ cluster outlives the Airflow task that made it. The supervisor
 - for the cluster of a RayService, stands in for KubeRay's RayService controller: while the
   head runs, it PUTs the service's Serve config whenever Serve lacks it (a restarted head
   starts with an empty Serve; :mod:`airflow_provider_raytpu.backends.local.serve_sync`);
-- stops its processes and exits by itself when nobody can use them any more: its state
-  directory is gone (a removed home, a killed test run's temp dir) or names another
-  incarnation, or the cluster's expiry (``raytpu.dev/expires-at``, from ``max_lifetime``)
-  has passed, so a lost cluster does not run on until someone deletes it;
+- stops its processes and exits by itself when nobody can use them any more
+  (:mod:`airflow_provider_raytpu.backends.local.stop_reasons`), so a lost cluster does not run
+  on until someone deletes it;
 - on SIGTERM stops exactly its own processes and exits. It is a session leader and every process it starts
   inherits the environment variable :data:`~airflow_provider_raytpu.backends.local.process.CLUSTER_MARKER_ENV`
   = the cluster's incarnation; together (Ray daemons overwrite their environment when they rename themselves,
@@ -74,10 +73,9 @@ from airflow_provider_raytpu.backends.local.state import (
     POLL_SECONDS,
     STATE_FILE,
     STATE_VERSION,
-    SUPERVISOR_FILE,
 )
+from airflow_provider_raytpu.backends.local.stop_reasons import StopReasons, expiry_of
 from airflow_provider_raytpu.dashboard.transport import DirectTransport
-from airflow_provider_raytpu.manifests.raycluster import EXPIRES_AT_ANNOTATION, parse_expiry
 from airflow_provider_raytpu.values import plural
 
 log = logging.getLogger("airflow_provider_raytpu.local_supervisor")
@@ -86,7 +84,6 @@ READY_CHECK_SECONDS = 2.0
 START_TIMEOUT_SECONDS = float(os.environ.get("RAYTPU_LOCAL_START_TIMEOUT", "180"))
 MAX_FAILED_STARTS = int(os.environ.get("RAYTPU_LOCAL_MAX_FAILED_STARTS", "3"))
 SERVE_CHECK_SECONDS = 5.0
-OWNERSHIP_CHECK_SECONDS = 5.0
 
 
 class Supervisor:
@@ -123,9 +120,7 @@ class Supervisor:
         self.service_dir = service_dir_of(state_dir, manifest)
         self.serve_check: threading.Thread | None = None
         self.next_serve_check = 0.0
-        self.expiry = ((manifest.get("metadata") or {}).get("annotations") or {}).get(EXPIRES_AT_ANNOTATION)
-        self.expires_at = parse_expiry(self.expiry).timestamp() if self.expiry else None
-        self.next_ownership_check = 0.0
+        self.stop_reasons = StopReasons(state_dir, self.incarnation, expiry_of(manifest))
 
     # -- state --------------------------------------------------------------------------------
 
@@ -228,79 +223,101 @@ class Supervisor:
         run.next_start = time.monotonic() + backoff(run.failed_starts)
 
     def reconcile(self) -> None:
-        now = time.monotonic()
+        """One pass: the head's process, then whether the head is ready, then (with a ready head) each slice."""
         if self.plan.suspended or self.head_failed_starts >= MAX_FAILED_STARTS:
             return
-        head = self.head
-        if head.proc is None:
-            if now >= self.head_next_start:
-                self.start_node(head)
+        now = time.monotonic()
+        if not self._head_runs(now):
             return
-        if head.exited():
-            self.head_down(f"the head's ray start exited with code {head.exit_code}")
+        alive = self._alive_raylets(now)
+        if not self._head_ready(now, alive):
             return
-        alive: dict[int, tuple[str, str]] | None = None
-        if not head.ready or now - self.last_ready_check >= READY_CHECK_SECONDS or any(
-            not n.ready for s in self.slices for n in s.nodes if n.proc is not None
-        ):
-            alive = self.gcs.alive_nodes(self.gcs_port)
-            self.last_ready_check = now
-        if not head.ready:
-            if alive and head.node_manager_port in alive and (
-                self.head_dashboard_ok or dashboard_ready(self.dashboard_port)
-            ):
-                head.ready, head.node_id, head.message = True, alive[head.node_manager_port][0], "ready"
-                self.head_dashboard_ok = True
-                self.phase = "running"
-                log.info("head ready (GCS %s)", self.gcs_address)
-            elif now - head.started_mono > START_TIMEOUT_SECONDS:
-                self.head_down(f"the head was not ready within {START_TIMEOUT_SECONDS:.0f} s")
-                return
-            else:
-                head.message = "starting" if alive is None else "waiting for the GCS and dashboard"
-                return
-        elif alive is not None and head.node_manager_port not in alive:
-            self.head_down("the head's raylet is no longer alive in the GCS")
-            return
-
         for run in self.slices:
-            if run.status == "failed":
-                continue
-            if all(n.proc is None for n in run.nodes):
-                if now >= run.next_start:
-                    for node in run.nodes:  # all hosts of a slice in parallel
-                        self.start_node(node)
-                    run.status, run.message = "starting", f"starting {plural(len(run.nodes), 'host')}"
-                continue
-            gone = [n for n in run.nodes if n.exited()]
-            if gone:
-                first = gone[0]
-                self.slice_down(run, f"host {first.spec.worker_id} exited with code {first.exit_code}")
-                continue
-            if alive is None:
-                continue
-            lost = [n for n in run.nodes if n.ready and n.node_manager_port not in alive]
-            if lost:
-                self.slice_down(run, f"host {lost[0].spec.worker_id}'s raylet is no longer alive in the GCS")
-                continue
+            if run.status != "failed":
+                self._reconcile_slice(run, now, alive)
+
+    def _head_runs(self, now: float) -> bool:
+        """Start the head when it is due; a head whose ``ray start`` exited takes the cluster down."""
+        if self.head.proc is None:
+            if now >= self.head_next_start:
+                self.start_node(self.head)
+            return False
+        if self.head.exited():
+            self.head_down(f"the head's ray start exited with code {self.head.exit_code}")
+            return False
+        return True
+
+    def _alive_raylets(self, now: float) -> dict[int, tuple[str, str]] | None:
+        """The GCS's ALIVE raylets by node manager port: read while a node is starting, else every
+        :data:`READY_CHECK_SECONDS`; ``None`` between reads."""
+        starting = any(not n.ready for s in self.slices for n in s.nodes if n.proc is not None)
+        if self.head.ready and not starting and now - self.last_ready_check < READY_CHECK_SECONDS:
+            return None
+        self.last_ready_check = now
+        return self.gcs.alive_nodes(self.gcs_port)
+
+    def _head_ready(self, now: float, alive: dict[int, tuple[str, str]] | None) -> bool:
+        """Whether the head is ready: its raylet ALIVE in the GCS and its dashboard answering once."""
+        head = self.head
+        if head.ready:
+            if alive is not None and head.node_manager_port not in alive:
+                self.head_down("the head's raylet is no longer alive in the GCS")
+                return False
+            return True
+        if alive and head.node_manager_port in alive and (
+            self.head_dashboard_ok or dashboard_ready(self.dashboard_port)
+        ):
+            head.ready, head.node_id, head.message = True, alive[head.node_manager_port][0], "ready"
+            self.head_dashboard_ok = True
+            self.phase = "running"
+            log.info("head ready (GCS %s)", self.gcs_address)
+            return True
+        if now - head.started_mono > START_TIMEOUT_SECONDS:
+            self.head_down(f"the head was not ready within {START_TIMEOUT_SECONDS:.0f} s")
+        else:
+            head.message = "starting" if alive is None else "waiting for the GCS and dashboard"
+        return False
+
+    def _reconcile_slice(self, run: SliceRun, now: float, alive: dict[int, tuple[str, str]] | None) -> None:
+        """Start a stopped slice when due; recreate it whole when a host is gone; mark it ready when every
+        host is registered and no host of its previous incarnation is left in the GCS."""
+        if all(n.proc is None for n in run.nodes):
+            if now >= run.next_start:
+                for node in run.nodes:  # all hosts of a slice in parallel
+                    self.start_node(node)
+                run.status, run.message = "starting", f"starting {plural(len(run.nodes), 'host')}"
+            return
+        if gone := [n for n in run.nodes if n.exited()]:
+            self.slice_down(run, f"host {gone[0].spec.worker_id} exited with code {gone[0].exit_code}")
+            return
+        if alive is None:
+            return
+        if lost := [n for n in run.nodes if n.ready and n.node_manager_port not in alive]:
+            self.slice_down(run, f"host {lost[0].spec.worker_id}'s raylet is no longer alive in the GCS")
+            return
+        for node in run.nodes:
+            if not node.ready and node.node_manager_port in alive:
+                node.ready, node.node_id, node.message = True, alive[node.node_manager_port][0], "ready"
+        stale = self._drain_previous_hosts(run, alive)
+        if not stale and all(n.ready for n in run.nodes):
+            if run.status != "ready":
+                log.info("slice %s ready", run.name)
+            run.status, run.message, run.became_ready, run.failed_starts = "ready", "ready", True, 0
+        elif now - min(n.started_mono for n in run.nodes) > START_TIMEOUT_SECONDS:
+            self.slice_down(run, f"not all hosts were ready within {START_TIMEOUT_SECONDS:.0f} s")
+
+    def _drain_previous_hosts(self, run: SliceRun, alive: dict[int, tuple[str, str]]) -> list[str]:
+        """Hosts of an earlier incarnation of this slice that still look ALIVE: the GCS is told they are gone,
+        and the slice is not ready until it drops them."""
+        ours = {n.node_manager_port for n in run.nodes}
+        stale = [node_id for port, (node_id, slice_) in alive.items() if slice_ == run.name and port not in ours]
+        if stale:
+            self.gcs.drain(stale)
+            run.message = f"waiting for the GCS to drop {len(stale)} dead host(s) of the previous slice"
             for node in run.nodes:
-                if not node.ready and node.node_manager_port in alive:
-                    node.ready, node.node_id, node.message = True, alive[node.node_manager_port][0], "ready"
-            ours = {n.node_manager_port for n in run.nodes}
-            stale = [node_id for port, (node_id, slice_) in alive.items() if slice_ == run.name and port not in ours]
-            if stale:
-                # An earlier incarnation of this slice still looks alive: not ready until the GCS drops it.
-                self.gcs.drain(stale)
-                run.message = f"waiting for the GCS to drop {len(stale)} dead host(s) of the previous slice"
-                for node in run.nodes:
-                    if node.ready:
-                        node.ready, node.message = False, "registered; " + run.message
-            if not stale and all(n.ready for n in run.nodes):
-                if run.status != "ready":
-                    log.info("slice %s ready", run.name)
-                run.status, run.message, run.became_ready, run.failed_starts = "ready", "ready", True, 0
-            elif now - min(n.started_mono for n in run.nodes) > START_TIMEOUT_SECONDS:
-                self.slice_down(run, f"not all hosts were ready within {START_TIMEOUT_SECONDS:.0f} s")
+                if node.ready:
+                    node.ready, node.message = False, "registered; " + run.message
+        return stale
 
     def keep_serve_config(self) -> None:
         """The cluster of a RayService: while the head runs, have Serve hold the service's config.
@@ -321,32 +338,6 @@ class Supervisor:
 
     # -- main loop ----------------------------------------------------------------------------
 
-    def why_stop(self) -> str | None:
-        """Why nobody can use this cluster any more (its processes should go), or ``None``."""
-        if not self.state_dir.is_dir():
-            return f"state directory {self.state_dir} is gone"
-        if self.expires_at is not None and time.time() >= self.expires_at and self._expiry_passed():
-            self.fail("Expired", f"the cluster's max_lifetime ended at {self.expiry}: its Ray processes were "
-                                 "stopped. Delete it (DeleteExpiredRayClustersOperator does)")
-            return "its expiry has passed"
-        if time.monotonic() >= self.next_ownership_check:
-            self.next_ownership_check = time.monotonic() + OWNERSHIP_CHECK_SECONDS
-            recorded = read_json(self.state_dir / SUPERVISOR_FILE)
-            if recorded and recorded.get("incarnation") not in (None, self.incarnation):
-                return f"{self.state_dir} now belongs to incarnation {recorded['incarnation']}"
-        return None
-
-    def _expiry_passed(self) -> bool:
-        """Whether the expiry in the stored manifest has passed (a create task that adopted the cluster
-        may have renewed it since this supervisor started)."""
-        manifest = read_json(self.state_dir / MANIFEST_FILE) or {}
-        self.expiry = ((manifest.get("metadata") or {}).get("annotations") or {}).get(EXPIRES_AT_ANNOTATION)
-        with contextlib.suppress(ValueError):  # an expiry that is not a time never stops the cluster
-            self.expires_at = parse_expiry(self.expiry).timestamp() if self.expiry else None
-            return self.expires_at is not None and time.time() >= self.expires_at
-        self.expires_at = None
-        return False
-
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_requested = True
 
@@ -361,8 +352,10 @@ class Supervisor:
         self.publish()
         try:
             while not self.stop_requested:
-                if why := self.why_stop():
-                    log.warning("stopping: %s", why)
+                if stop := self.stop_reasons.check():
+                    if stop.failure:
+                        self.fail(*stop.failure)
+                    log.warning("stopping: %s", stop.why)
                     break
                 self.reconcile()
                 self.publish()
