@@ -50,12 +50,12 @@ class ConnectionSettings:
     :param confirm_with_ray: a cluster is READY only once Ray lists every TPU host with its chips and slice
         (and, on Kubernetes, GKE's TPU webhook mutated its pods); a task's ``confirm_with_ray`` overrides it.
         Off for clusters whose image serves no Ray dashboard State API.
-    :param ray_token_auth: (kubernetes, gke) turn on Ray's token authentication (KubeRay's ``authOptions``,
+    :param ray_auth: (kubernetes, gke) turn on Ray's token authentication (KubeRay's ``authOptions``,
         where the CRD and the cluster's Ray 2.52+ have it) and send each cluster's token, read from the
         Secret KubeRay makes for it, to its dashboard.
     :param insecure_dashboard_http: send each cluster's Ray token to its dashboard over plain http
         (``dashboard`` ``dns``, or an ``http://`` ``dashboard_url``); off, such a connection with
-        ``ray_token_auth`` is refused: anyone on the path would read the token.
+        ``ray_auth`` is refused: anyone on the path would read the token.
     :param chip_hour_prices: a price per chip-hour by TPU generation and capacity kind,
         ``{"v6e": {"on-demand": 2.7, "spot": 1.1}}``: teardowns estimate each cluster's cost with it
         (a ``DeleteRayClusterOperator``'s own ``chip_hour_prices`` wins). No price is built in.
@@ -82,7 +82,7 @@ class ConnectionSettings:
     local_home: str | None = None
     local_max_hosts: int = 8
     confirm_with_ray: bool = True
-    ray_token_auth: bool = True
+    ray_auth: bool = True
     insecure_dashboard_http: bool = False
     chip_hour_prices: Mapping[str, Mapping[str, float]] | None = None
     deployment: str | None = None
@@ -120,7 +120,7 @@ class ConnectionSettings:
 def _typed_values(conn_id: str, extra: Mapping[str, Any]) -> dict[str, Any]:
     """The extras that are set, each as its field's type (a form sends every value as a string)."""
     values: dict[str, Any] = {k: v for k, v in extra.items() if v not in (None, "")}
-    for flag in ("use_internal_ip", "use_dns_endpoint", "confirm_with_ray", "ray_token_auth",
+    for flag in ("use_internal_ip", "use_dns_endpoint", "confirm_with_ray", "ray_auth",
                  "insecure_dashboard_http"):
         if flag in values:
             values[flag] = parse_bool(values[flag], f"connection {conn_id!r} extra.{flag}")
@@ -162,11 +162,11 @@ def _check_names(conn_id: str, values: Mapping[str, Any]) -> None:
 def check_token_transport(conn_id: str, backend: str, values: Mapping[str, Any]) -> None:
     """Refuse a connection that would send Ray tokens over plain http unless it opts in.
 
-    :raises InvalidInputError: ``dashboard`` ``dns`` or an ``http://`` ``dashboard_url`` with ``ray_token_auth``.
+    :raises InvalidInputError: ``dashboard`` ``dns`` or an ``http://`` ``dashboard_url`` with ``ray_auth``.
     """
     dashboard = values.get("dashboard", "proxy")
     plain = dashboard == "dns" or (dashboard == "url" and str(values.get("dashboard_url")).startswith("http://"))
-    if backend == "local" or not plain or not values.get("ray_token_auth", True):
+    if backend == "local" or not plain or not values.get("ray_auth", True):
         return
     if values.get("insecure_dashboard_http"):
         return
@@ -175,4 +175,4 @@ def check_token_transport(conn_id: str, backend: str, values: Mapping[str, Any])
         f"connection {conn_id!r} extra.{'dashboard' if dashboard == 'dns' else 'dashboard_url'}", shown,
         "would send each cluster's Ray token over plain http, where anyone on the path reads it",
         "Reach dashboards through the API server (dashboard 'proxy', the default) or an https dashboard_url; "
-        "or, on a network you trust, set insecure_dashboard_http to true (or ray_token_auth to false)")
+        "or, on a network you trust, set insecure_dashboard_http to true (or ray_auth to false)")

@@ -49,7 +49,7 @@ CONN_FIELDS = {
         "webhook mutated its pods). Turn off for images without Ray's dashboard.",
         {**_FLAG, "default": True},
     ),
-    "ray_token_auth": _field(
+    "ray_auth": _field(
         "Ray token authentication",
         "Backends kubernetes and gke: turn on Ray's token authentication (KubeRay authOptions, Ray 2.52+) and "
         "send each cluster's token, read from its Secret (needs get on secrets).",

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 #: What Ray's ``authentication_constants`` add to a 401 and to a 403 of its token authentication.
 RAY_TOKEN_MISSING = "Token authentication is enabled but no authentication token was found"
 RAY_TOKEN_INVALID = "Token authentication is enabled but the authentication token is invalid or incorrect."
-TOKEN_HINT = ("(on Kubernetes, the raytpu connection's ray_token_auth sends each cluster's token from the Secret "
+TOKEN_HINT = ("(on Kubernetes, the raytpu connection's ray_auth sends each cluster's token from the Secret "
               "KubeRay made for it)")
 
 

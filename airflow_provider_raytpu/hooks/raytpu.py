@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_raytpu.connection import DEFAULT_CONN_ID, HOW_TO_CONNECT, ConnectionSettings
 from airflow_provider_raytpu.errors import FatalError
+from airflow_provider_raytpu.hooks.renamed_fields import current_extras
 from airflow_provider_raytpu.loop_shared import loop_shared
 
 if TYPE_CHECKING:
@@ -96,7 +97,8 @@ class RayTpuHook(BaseHook):
             connection = self.get_connection(self.raytpu_conn_id)
         except AirflowNotFoundException as exc:
             raise self._missing() from exc
-        return ConnectionSettings.from_extra(self.raytpu_conn_id, connection.extra_dejson)
+        return ConnectionSettings.from_extra(self.raytpu_conn_id,
+                                             current_extras(self.raytpu_conn_id, connection.extra_dejson))
 
     @property
     def deployment(self) -> str:
@@ -110,7 +112,8 @@ class RayTpuHook(BaseHook):
             connection = await self.aget_connection(self.raytpu_conn_id)
         except AirflowNotFoundException as exc:
             raise self._missing() from exc
-        return ConnectionSettings.from_extra(self.raytpu_conn_id, connection.extra_dejson)
+        return ConnectionSettings.from_extra(self.raytpu_conn_id,
+                                             current_extras(self.raytpu_conn_id, connection.extra_dejson))
 
     def get_conn(self) -> ClusterBackend:
         return self.backend

@@ -331,7 +331,7 @@ async def test_following_jobs_on_100_clusters_leaves_nothing_of_them_behind(
     with JobsStub() as stub:
         monkeypatch.setenv("AIRFLOW_CONN_KUBE_TEST", kube.airflow_connection(NAMESPACE))
         monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(
-            dashboard="url", dashboard_url=f"http://127.0.0.1:{stub.port}/{{cluster_name}}", ray_token_auth=False))
+            dashboard="url", dashboard_url=f"http://127.0.0.1:{stub.port}/{{cluster_name}}", ray_auth=False))
         for job in ("job-1", "job-2"):  # two rounds: the second shows whether anything accumulates
             for cluster in clusters:
                 stub.add(cluster, job, log=lines(0, 3))

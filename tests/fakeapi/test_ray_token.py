@@ -118,12 +118,12 @@ def test_a_new_token_is_read_again_once_ray_refuses_the_old_one(jobs: JobsStub, 
     assert jobs.requests[("a", "get")] == 2
 
 
-def test_without_ray_token_auth_rays_refusal_is_explained(jobs: JobsStub, kube: FakeKubeApiServer,
+def test_without_ray_auth_rays_refusal_is_explained(jobs: JobsStub, kube: FakeKubeApiServer,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(ray_token_auth=False))
+    monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_DEFAULT", raytpu_connection(ray_auth=False))
     with pytest.raises(RayAuthenticationError, match=(
             "Authentication required: Unauthorized: Missing authentication token\n\nToken authentication is enabled "
-            "but no authentication token was found \\(on Kubernetes, the raytpu connection's ray_token_auth")):
+            "but no authentication token was found \\(on Kubernetes, the raytpu connection's ray_auth")):
         JobsApi(RayTpuHook().backend.dashboard("a", NAMESPACE)).get_job_info("job-1")
 
 
@@ -132,7 +132,7 @@ def test_a_refused_secret_read_names_the_rule_and_an_outage_is_a_503(jobs: JobsS
     kube.inject("GET", r"/secrets/a$", 403, times=1)
     with pytest.raises(FatalError, match=(
             r"Reading Secret ml/a \(the Ray token of RayCluster ml/a\) was refused: grant 'get' on secrets in "
-            r"namespace 'ml' \(docs/rbac.yaml\), or set the connection's ray_token_auth to false")):
+            r"namespace 'ml' \(docs/rbac.yaml\), or set the connection's ray_auth to false")):
         backend.dashboard("a", NAMESPACE).request("GET", "/api/jobs/job-1")
     kube.inject("GET", r"/secrets/a$", 500, times=None)
     answer = backend.dashboard("a", NAMESPACE).request("GET", "/api/jobs/job-1")

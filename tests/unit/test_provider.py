@@ -113,8 +113,8 @@ def test_the_ray_token_goes_over_plain_http_only_when_the_connection_opts_in() -
         "connection 'raytpu_default' extra.dashboard='dns': would send each cluster's Ray token over plain http, "
         "where anyone on the path reads it. Reach dashboards through the API server (dashboard 'proxy', the "
         "default) or an https dashboard_url; or, on a network you trust, set insecure_dashboard_http to true (or "
-        "ray_token_auth to false)")
-    for kept in ({"dashboard": "dns", "insecure_dashboard_http": "true"}, {"dashboard": "dns", "ray_token_auth": False},
+        "ray_auth to false)")
+    for kept in ({"dashboard": "dns", "insecure_dashboard_http": "true"}, {"dashboard": "dns", "ray_auth": False},
                  {"dashboard": "url", "dashboard_url": "https://ray.example.com/{cluster_name}"}, {}):
         settings = ConnectionSettings.from_extra("raytpu_default", {"backend": "kubernetes", **kept})
         assert settings.backend == "kubernetes"

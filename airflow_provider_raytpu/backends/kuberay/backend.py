@@ -108,11 +108,11 @@ class KubeRayBackend(ClusterBackend):
                         spec_of: Callable[[dict[str, Any]], dict[str, Any]]) -> ApplyResult:
         """``apply(manifest)`` with KubeRay's ``authOptions.mode: token`` in its RayCluster spec (``spec_of``
         finds it: the manifest's, or a RayService's ``rayClusterConfig``) where the connection's
-        ``ray_token_auth`` is on and the cluster's Ray has token authentication
+        ``ray_auth`` is on and the cluster's Ray has token authentication
         (:mod:`~airflow_provider_raytpu.backends.kuberay.ray_token`). Where the CRD cannot be read, it is
         tried, and a KubeRay that does not know the field (older than 1.5.1) gets the manifest without it."""
         crd = self.raycluster_crd
-        if not self.settings.ray_token_auth or not (crd.auth_options or crd.readable is False):
+        if not self.settings.ray_auth or not (crd.auth_options or crd.readable is False):
             return apply(manifest)
         authenticated = copy.deepcopy(manifest)
         add_token_auth(spec_of(authenticated))
@@ -181,7 +181,7 @@ class KubeRayBackend(ClusterBackend):
         else:
             direct = f"http://{name}-head-svc.{namespace}.svc.cluster.local:{DASHBOARD_PORT}"
         transport = reach(self.settings, self.clients, namespace, f"{name}-head-svc", "dashboard", direct)
-        if not self.settings.ray_token_auth:
+        if not self.settings.ray_auth:
             return transport
         return RayTokenTransport(transport, self.objects, name, namespace)
 

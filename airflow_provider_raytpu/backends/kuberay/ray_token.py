@@ -119,7 +119,7 @@ class RayTokenTransport(HttpTransport):
         if exc.status == 403:
             raise FatalError(
                 f"Reading {self._where(secret)} was refused: grant 'get' on secrets in namespace "
-                f"{self.namespace!r} (docs/rbac.yaml), or set the connection's ray_token_auth to false"
+                f"{self.namespace!r} (docs/rbac.yaml), or set the connection's ray_auth to false"
             ) from exc
         raise exc
 
