@@ -5,7 +5,10 @@ An Airflow upgrade that moves one fails here, and in ``tests/unit/test_compat.py
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s_async
 
 
 def redact(value: Any) -> Any:
@@ -25,3 +28,19 @@ def never_expire() -> Any:
     from airflow.sdk.execution_time.context import NEVER_EXPIRE
 
     return NEVER_EXPIRE
+
+
+def resolvable_type() -> type[Any]:
+    """The base class of what Airflow resolves only at run time (an ``XComArg``, a ``Param``'s reference):
+    ``ResolveMixin``, which ``airflow.sdk`` does not export."""
+    from airflow.sdk.definitions._internal.mixins import ResolveMixin
+
+    return ResolveMixin
+
+
+def timeout_async_api_client(configuration: Any) -> k8s_async.ApiClient:
+    """The cncf-kubernetes provider's asyncio API client that applies the configured request timeout
+    (``_TimeoutAsyncK8sApiClient``, what its own async hook builds; private in ``kube_client``)."""
+    from airflow.providers.cncf.kubernetes.kube_client import _TimeoutAsyncK8sApiClient
+
+    return _TimeoutAsyncK8sApiClient(configuration=configuration)

@@ -66,13 +66,13 @@ def sensor_poke_interval(poke_interval: float | timedelta | None, poll_interval:
 def is_templated(value: Any) -> bool:
     """Whether a parameter is only known at run time: a Jinja template or an ``XComArg``, also anywhere
     inside a dict or list."""
-    from airflow.sdk.definitions._internal.mixins import ResolveMixin
+    from airflow_provider_raytpu.compat import resolvable_type
 
     if isinstance(value, Mapping):
         return any(is_templated(key) or is_templated(item) for key, item in value.items())
     if isinstance(value, (list, tuple)):
         return any(is_templated(item) for item in value)
-    return isinstance(value, ResolveMixin) or (isinstance(value, str) and "{{" in value)
+    return isinstance(value, resolvable_type()) or (isinstance(value, str) and "{{" in value)
 
 
 def check_import_path(value: Any, field: str) -> None:

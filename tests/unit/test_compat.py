@@ -17,3 +17,39 @@ def test_a_registered_value_is_what_a_trigger_carries_and_is_hidden_in_any_text(
     assert mask_secret_values(config) == ["hf-3b9d7c1e55", "pw-71c2e9d0"]
     assert redact("loaded hf-3b9d7c1e55 and pw-71c2e9d0 for run-a") == "loaded *** and *** for run-a"
     assert mask_secret_values(None) == mask_secret_values({}) == []
+
+
+def test_what_airflow_resolves_at_run_time_is_a_resolvable_type() -> None:
+    from airflow.sdk import DAG, BaseOperator
+
+    from airflow_provider_raytpu.compat import resolvable_type
+    from airflow_provider_raytpu.operators.base import is_templated
+
+    with DAG("compat_resolvable", schedule=None):
+        upstream = BaseOperator(task_id="upstream")
+    assert isinstance(upstream.output, resolvable_type()) and is_templated({"uri": [upstream.output]})
+    assert not isinstance("gs://bucket/rows", resolvable_type())
+
+
+async def test_the_kubernetes_client_sets_a_request_timeout_where_the_generated_client_passes_none() -> None:
+    """The generated kubernetes_asyncio methods pass ``_request_timeout=None``; without a timeout a half-open
+    connection hangs a trigger forever."""
+    from kubernetes_asyncio import client as k8s_async
+
+    from airflow_provider_raytpu.compat import timeout_async_api_client
+
+    sent: list[object] = []
+
+    class Recording(k8s_async.ApiClient):
+        async def call_api(self, *args: object, **kwargs: object) -> object:
+            sent.append(kwargs.get("_request_timeout"))
+            return None
+
+    api = timeout_async_api_client(k8s_async.Configuration())
+    assert isinstance(api, k8s_async.ApiClient)
+    api.__class__ = type("Timed", (type(api), Recording), {})  # the provider's call_api first, then the recorder
+    try:
+        await api.call_api("/api/v1/namespaces", "GET", _request_timeout=None)
+    finally:
+        await api.close()
+    assert sent and sent[0] is not None

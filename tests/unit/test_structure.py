@@ -127,3 +127,22 @@ def test_the_delete_check_finds_a_delete_by_name_only(tmp_path: Path, monkeypatc
                       "    backend.delete_cluster('train', 'ml', precondition=None)\n")
     monkeypatch.setitem(MODULES, "sweep", source)
     assert unchecked_deletes("sweep") == ["sweep:2 backend.delete_cluster('train', 'ml')"]
+
+
+
+def _private_airflow_name(imported: str) -> bool:
+    parts = imported.split(".")
+    return parts[0] == "airflow" and any(part.startswith("_") for part in parts)
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n != f"{ROOT}.compat"])
+def test_a_private_airflow_name_is_imported_only_in_the_compat_module(name: str) -> None:
+    """Airflow's private names (``_internal``, ``_shared``, ``_Name``) move without notice; compat.py imports
+    them, and tests/unit/test_compat.py fails when an upgrade moves one."""
+    assert [target for target in imports(MODULES[name]) if _private_airflow_name(target)] == []
+
+
+def test_the_private_name_check_sees_one() -> None:
+    assert _private_airflow_name("airflow.sdk.definitions._internal.mixins.ResolveMixin")
+    assert _private_airflow_name("airflow.providers.cncf.kubernetes.kube_client._TimeoutAsyncK8sApiClient")
+    assert not _private_airflow_name("airflow.sdk.BaseHook") and not _private_airflow_name("ray.data._internal")

@@ -58,11 +58,11 @@ def _load_configuration(hook: Any) -> tuple[Any, dict[str, str]]:
 def _build_client(loop: asyncio.AbstractEventLoop, configuration: Any) -> k8s_async.ApiClient:
     """Run in a worker thread: the client, bound to ``loop`` (its constructor builds the SSL context,
     up to tens of milliseconds with the system CA store, and aiohttp binds to the running loop)."""
-    from airflow.providers.cncf.kubernetes.kube_client import _TimeoutAsyncK8sApiClient
+    from airflow_provider_raytpu.compat import timeout_async_api_client
 
     asyncio.events._set_running_loop(loop)  # aiohttp takes the loop it binds to from here; nothing runs on it
     try:
-        return _TimeoutAsyncK8sApiClient(configuration=configuration)
+        return timeout_async_api_client(configuration)
     finally:
         asyncio.events._set_running_loop(None)
 
