@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
@@ -77,6 +78,12 @@ class Capacity:
         if kind in (ON_DEMAND, SPOT) and not detail:
             return cls(kind)
         raise InvalidInputError(field, value, "is not a capacity", f"Write one of {FORMS}")
+
+    def lifetime(self, max_lifetime: timedelta) -> timedelta:
+        """A cluster's ``max_lifetime`` on this capacity: no longer than a flex-start slice's max run duration,
+        when GKE reclaims its VMs."""
+        run = self.max_run_seconds
+        return min(max_lifetime, timedelta(seconds=run)) if run else max_lifetime
 
     def __str__(self) -> str:
         if self.kind == RESERVATION:

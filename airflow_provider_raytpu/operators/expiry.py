@@ -14,7 +14,6 @@ from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, RayJobsHook
 from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, DEPLOYMENT_KEY, EXPIRES_AT_ANNOTATION, RUN_ID_KEY
 from airflow_provider_raytpu.progress import TaskLog
 from airflow_provider_raytpu.status import read_ray_cluster
-from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.values import parse_duration
 
 if TYPE_CHECKING:
@@ -34,12 +33,6 @@ def parse_lifetime(value: Any) -> timedelta:
     """
     return parse_duration(value, "max_lifetime", example="timedelta(hours=24)",
                           why_positive=": the cluster would be expired when it is made")
-
-
-def lifetime_on(tpu: TpuSlice, max_lifetime: timedelta) -> timedelta:
-    """``max_lifetime``, but no longer than a flex-start slice's max run duration: GKE reclaims its VMs then."""
-    run = tpu.capacity.max_run_seconds
-    return min(max_lifetime, timedelta(seconds=run)) if run else max_lifetime
 
 
 def renew_expiry(backend: ClusterBackend, log: TaskLog, stored: dict[str, Any], manifest: dict[str, Any]) -> None:

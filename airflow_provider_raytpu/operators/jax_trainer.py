@@ -18,7 +18,7 @@ from airflow_provider_raytpu.operators.base import (
     mark_outlets,
 )
 from airflow_provider_raytpu.operators.job_tries import run_token
-from airflow_provider_raytpu.operators.lineage import checkpoint_dataset, storage_dataset, task_lineage
+from airflow_provider_raytpu.operators.lineage import asset_for, checkpoint_dataset, storage_dataset, task_lineage
 from airflow_provider_raytpu.operators.links import (
     CheckpointsLink,
     ProfileLink,
@@ -26,7 +26,6 @@ from airflow_provider_raytpu.operators.links import (
     push_link,
     storage_console_url,
 )
-from airflow_provider_raytpu.operators.ray_data import asset_for
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
 from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice
 from airflow_provider_raytpu.status.run_report import TRAINING_ATTEMPTS_XCOM_KEY

@@ -1,4 +1,5 @@
-"""What a task read and wrote, as OpenLineage datasets, for the OpenLineage provider's listener.
+"""What a task read and wrote: as Airflow assets (a task's outlets, :func:`asset_for`) and as OpenLineage
+datasets, for the OpenLineage provider's listener.
 
 Airflow's OpenLineage provider asks each operator for ``get_openlineage_facets_on_start()`` and
 ``get_openlineage_facets_on_complete(task_instance)``; the tasks answer with the helpers here.
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from airflow.providers.common.compat.openlineage.facet import Dataset
     from airflow.providers.openlineage.extractors import OperatorLineage
+    from airflow.sdk import Asset
 
 #: Schemes whose authority is a bucket (OpenLineage names the dataset by its object path in it).
 BUCKET_SCHEMES = frozenset({"gs", "gcs", "s3", "s3a", "abfs", "abfss", "wasbs"})
@@ -105,3 +107,12 @@ def task_lineage(inputs: Iterable[Dataset], outputs: Iterable[Dataset]) -> Opera
     from airflow.providers.openlineage.extractors import OperatorLineage
 
     return OperatorLineage(inputs=list(inputs), outputs=list(outputs))
+
+
+def asset_for(uri: Any) -> list[Asset]:
+    """An Airflow outlet for a literal URI; a templated one (Jinja, an ``XComArg``) is only known at run time."""
+    from airflow.sdk import Asset
+
+    from airflow_provider_raytpu.operators.base import is_templated
+
+    return [Asset(uri)] if isinstance(uri, str) and uri and not is_templated(uri) else []

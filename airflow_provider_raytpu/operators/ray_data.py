@@ -6,8 +6,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset
-
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.operators.base import (
     check_import_path,
@@ -17,7 +15,7 @@ from airflow_provider_raytpu.operators.base import (
     mark_outlets,
 )
 from airflow_provider_raytpu.operators.job_tries import run_token
-from airflow_provider_raytpu.operators.lineage import storage_dataset, task_lineage
+from airflow_provider_raytpu.operators.lineage import asset_for, storage_dataset, task_lineage
 from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
 from airflow_provider_raytpu.values import plural
 from airflow_provider_raytpu.workloads.uris import APART_FIX, output_overlap
@@ -54,11 +52,6 @@ def output_attempt(context: Context) -> dict[str, Any]:
     run's token tells it from a deleted run of the same run id (whose job may still write)."""
     ti = context["ti"]
     return {"run_id": ti.run_id, "try_number": ti.try_number, "run_token": run_token(context)}
-
-
-def asset_for(uri: Any) -> list[Asset]:
-    """An outlet for a literal URI; a templated one (Jinja, an ``XComArg``) is only known at run time."""
-    return [Asset(uri)] if isinstance(uri, str) and uri and not is_templated(uri) else []
 
 
 class RayDataOperator(SubmitRayJobOperator):

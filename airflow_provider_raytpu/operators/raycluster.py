@@ -37,7 +37,7 @@ from airflow_provider_raytpu.operators.capacity_fallback import (
     resume_at,
 )
 from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
-from airflow_provider_raytpu.operators.expiry import kept_because, lifetime_on, parse_lifetime, renew_expiry
+from airflow_provider_raytpu.operators.expiry import kept_because, parse_lifetime, renew_expiry
 from airflow_provider_raytpu.operators.links import RayDashboardLink, push_dashboard_link
 from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice, check_offered
 from airflow_provider_raytpu.status import ClusterStatus
@@ -192,7 +192,7 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
                 tpu=tpu,
                 options=options,
                 origin=origin_of(context, self.hook.deployment),
-                expires_at=datetime.now(UTC) + lifetime_on(tpu, self.max_lifetime),
+                expires_at=datetime.now(UTC) + tpu.capacity.lifetime(self.max_lifetime),
             )
             self.log.info("RayCluster %s/%s: %s", namespace, name, tpu.describe())
             result = self.backend.apply_cluster(manifest, update_if_exists=update_if_exists)

@@ -12,7 +12,6 @@ from airflow_provider_raytpu.capacity import Capacity, parse_capacities
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.raycluster import CAPACITY_TRIED_ANNOTATION, build_ray_cluster, tpu_slice_of
 from airflow_provider_raytpu.operators.capacity_fallback import parse_fallback_after, resume_at
-from airflow_provider_raytpu.operators.expiry import lifetime_on
 from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
 from airflow_provider_raytpu.operators.rayservice import DeployRayServiceOperator
 from airflow_provider_raytpu.status.cluster import read_slices
@@ -158,10 +157,10 @@ def test_a_literal_capacity_fails_when_the_dag_is_parsed_and_a_template_waits_fo
 
 def test_a_flex_start_max_run_duration_bounds_the_clusters_lifetime() -> None:
     day = timedelta(hours=24)
-    assert lifetime_on(TpuSlice("v6e", "4x4", capacity="flex-start:6h"), day) == timedelta(hours=6)
-    assert lifetime_on(TpuSlice("v6e", "4x4", capacity="flex-start:3d"), day) == day
-    assert lifetime_on(TpuSlice("v6e", "4x4", capacity="flex-start"), day) == day
-    assert lifetime_on(TpuSlice("v6e", "4x4", capacity="reservation:r1"), day) == day
+    assert TpuSlice("v6e", "4x4", capacity="flex-start:6h").capacity.lifetime(day) == timedelta(hours=6)
+    assert TpuSlice("v6e", "4x4", capacity="flex-start:3d").capacity.lifetime(day) == day
+    assert TpuSlice("v6e", "4x4", capacity="flex-start").capacity.lifetime(day) == day
+    assert TpuSlice("v6e", "4x4", capacity="reservation:r1").capacity.lifetime(day) == day
 
 
 @pytest.mark.parametrize(("given", "kinds"), [
