@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import TriggerRule
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
@@ -56,11 +58,16 @@ def default_deferrable() -> bool:
 
 def sensor_poke_interval(poke_interval: float | timedelta | None, poll_interval: float | None,
                          default: float = 10.0) -> float | timedelta:
-    """A sensor's ``poke_interval`` (Airflow's name), also accepted as this provider's ``poll_interval``."""
-    if poke_interval is not None and poll_interval is not None:
+    """A sensor's ``poke_interval`` (Airflow's name); the sensors' deprecated ``poll_interval`` still counts, with a
+    warning naming its replacement."""
+    if poll_interval is None:
+        return default if poke_interval is None else poke_interval
+    warnings.warn("A sensor's poll_interval is deprecated: write poke_interval, Airflow's name for it",
+                  AirflowProviderDeprecationWarning, stacklevel=3)
+    if poke_interval is not None:
         raise InvalidInputError("poll_interval", poll_interval, f"is given with poke_interval={poke_interval!r}",
-                                "Give only poke_interval (poll_interval is its other name)")
-    return next((v for v in (poke_interval, poll_interval) if v is not None), default)
+                                "Give only poke_interval (poll_interval is its deprecated name)")
+    return poll_interval
 
 
 def is_templated(value: Any) -> bool:

@@ -52,7 +52,7 @@ class RayClusterReadySensor(ClusterReadyWait, BaseSensorOperator):
     :param deferrable: wait in the triggerer instead of a worker slot; default:
         ``[operators] default_deferrable``.
     :param poke_interval: seconds between checks when not deferred, or when watching fails.
-    :param poll_interval: another name for ``poke_interval``.
+    :param poll_interval: deprecated: the old name of ``poke_interval``.
     :param timeout: seconds to wait before failing with a diagnosis.
     :param grace_period: seconds a KubeRay reconcile failure, or ready pods whose TPU hosts Ray does not
         list, may last before the task fails.

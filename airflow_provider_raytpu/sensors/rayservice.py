@@ -95,7 +95,7 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
     :param deferrable: wait in the triggerer instead of a worker slot; default:
         ``[operators] default_deferrable``.
     :param poke_interval: seconds between checks when not deferred, or when watching fails.
-    :param poll_interval: another name for ``poke_interval``.
+    :param poll_interval: deprecated: the old name of ``poke_interval``.
     :param timeout: seconds to wait in all before failing with a diagnosis.
     :param grace_period: seconds an application may stay UNHEALTHY before the task fails.
     """

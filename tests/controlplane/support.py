@@ -339,7 +339,7 @@ def lifecycle_dag(
         f"    create = CreateRayClusterOperator(task_id='create_cluster', {args})",
         "    cluster = \"{{ ti.xcom_pull('create_cluster')['cluster_name'] }}\"",
         f"    ready = RayClusterReadySensor(task_id='wait_ready', cluster_name=cluster, timeout={sensor_timeout},"
-        f" poll_interval=1{sensor_args})",
+        f" poke_interval=1{sensor_args})",
         "    create >> ready",
     ]
     if delete:
@@ -367,7 +367,7 @@ from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
 
 with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), default_args={{'retries': 0}}):
     ready = RayClusterReadySensor(task_id='wait_ready', cluster_name={cluster_name!r}, timeout={sensor_timeout},
-                                  poll_interval=1)
+                                  poke_interval=1)
     delete = DeleteRayClusterOperator(task_id='delete_cluster', cluster_name={cluster_name!r}, force=True,
                                       wait_for_deletion=True, deletion_timeout=120, poll_interval=0.5)
     ready >> delete

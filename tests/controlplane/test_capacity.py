@@ -57,7 +57,7 @@ from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
 with DAG("capacity_fallback", schedule=None, start_date=datetime(2026, 1, 1), default_args={"retries": 0}):
     create = CreateRayClusterOperator(task_id="create_cluster", cluster_name="fallback", accelerator="v6e",
                                       topology="2x2", capacity=["reservation:used-up", "spot"], fallback_after=6)
-    ready = RayClusterReadySensor(task_id="wait_ready", cluster=create.output, timeout=240, poll_interval=1)
+    ready = RayClusterReadySensor(task_id="wait_ready", cluster=create.output, timeout=240, poke_interval=1)
     delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster=create.output, wait_for_deletion=True,
                                       deletion_timeout=120, poll_interval=0.5)
     create >> ready >> delete.as_teardown(setups=create)

@@ -52,7 +52,7 @@ from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
 
 with DAG("kueue_nightly", schedule=None, start_date=datetime(2026, 1, 1), default_args={{"retries": 0}}):
     create = CreateRayClusterOperator(task_id="create_cluster", accelerator="v6e", topology="2x2", queue_name="tpu")
-    ready = RayClusterReadySensor(task_id="wait_ready", cluster=create.output, timeout=420, poll_interval=1)
+    ready = RayClusterReadySensor(task_id="wait_ready", cluster=create.output, timeout=420, poke_interval=1)
 
     @task
     def train():

@@ -70,7 +70,7 @@ with DAG("k8s_ray_head_job", schedule=None, start_date=datetime(2026, 1, 1), def
     create = CreateRayClusterOperator(
         task_id="create_cluster", cluster_name="real-head", accelerator="v4", topology="2x2x2",
         head_pod_template={"spec": {"nodeSelector": {"cloud.google.com/gke-nodepool": HEAD_POOL}}})
-    ready = RayClusterReadySensor(task_id="wait_ready", cluster_name="real-head", timeout=240, poll_interval=1)
+    ready = RayClusterReadySensor(task_id="wait_ready", cluster_name="real-head", timeout=240, poke_interval=1)
     job = SubmitRayJobOperator(task_id="job", cluster_name="real-head", entrypoint=["python", "-c", CODE],
                                deferrable=True, poll_interval=0.5)
     delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster_name="real-head",
@@ -122,7 +122,7 @@ with DAG("k8s_ray_head_service", schedule=None, start_date=datetime(2026, 1, 1),
         version="v1", env={"PYTHONPATH": EXAMPLES},
         head_pod_template={"spec": {"nodeSelector": {"cloud.google.com/gke-nodepool": HEAD_POOL}}})
     wait = RayServiceRunningSensor(
-        task_id="wait_running", service_name="tiny", version="v1", timeout=300, poll_interval=1,
+        task_id="wait_running", service_name="tiny", version="v1", timeout=300, poke_interval=1,
         smoke_request={"path": "/", "method": "POST", "json": {"inputs": [[0.1, 0.2, 0.3, 0.4]]}})
     delete = DeleteRayServiceOperator(task_id="delete_service", service_name="tiny", wait_for_deletion=True,
                                       deletion_timeout=120, poll_interval=0.5)

@@ -41,7 +41,7 @@ def dag(dag_id: str, deploy: str | None = "", sensor: str | None = None) -> str:
         version = "{{ ti.xcom_pull('deploy')['version'] }}" if deploy is not None else "{{ params.version }}"
         lines.append("    wait = RayServiceRunningSensor(task_id='wait_running', service_name='chat', "
                      f"version={version!r}, "
-                     "timeout=60, poll_interval=1, " + sensor + ")")
+                     "timeout=60, poke_interval=1, " + sensor + ")")
     if deploy is not None and sensor is not None:
         lines.append("    deploy >> wait")
     return "\n".join(lines) + "\n"

@@ -28,7 +28,7 @@ from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
 with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), default_args={{"retries": 0}}):
     create = CreateRayClusterOperator(task_id="create_cluster", accelerator="v6e", topology="4x4")
     cluster = "{{{{ ti.xcom_pull('create_cluster')['cluster_name'] }}}}"
-    ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=cluster, timeout=60, poll_interval=0.5)
+    ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=cluster, timeout=60, poke_interval=0.5)
     delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster_name=cluster)
     create >> ready >> delete.as_teardown(setups=create)
 '''

@@ -35,7 +35,7 @@ with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1),
         num_slices="{{{{ params.slices }}}}", spot="{{{{ params.spot }}}}",
     )
     cluster = "{{{{ ti.xcom_pull('create_cluster')['cluster_name'] }}}}"
-    ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=cluster, timeout=60, poll_interval=1)
+    ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=cluster, timeout=60, poke_interval=1)
     delete = DeleteRayClusterOperator(task_id="delete_cluster", wait_for_deletion=True)
     create >> ready >> delete.as_teardown(setups=[create, ready])
 '''
@@ -158,7 +158,7 @@ from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
 with DAG("usage", schedule=None, start_date=datetime(2026, 1, 1)):
     create = CreateRayClusterOperator(task_id="create_cluster", cluster_name="usage", accelerator="v6e",
                                       topology="4x4", num_slices=2, capacity="spot")
-    ready = RayClusterReadySensor(task_id="wait_ready", cluster=create.output, timeout=60, poll_interval=1)
+    ready = RayClusterReadySensor(task_id="wait_ready", cluster=create.output, timeout=60, poke_interval=1)
     delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster=create.output, poll_interval=0.2,
                                       outlets=[Asset("raytpu://usage")], PRICES)
     create >> ready >> delete.as_teardown(setups=create)

@@ -84,11 +84,24 @@ def test_both_sensors_take_airflows_poke_interval(tmp_path: Path) -> None:
             create = CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="2x2")
             RayClusterReadySensor(task_id="ready", cluster=create.output, poke_interval=30, mode="reschedule")
             RayServiceRunningSensor(task_id="running", service_name="chat", poke_interval=45, mode="reschedule")
-            RayServiceRunningSensor(task_id="old_name", service_name="chat", poll_interval=5)
     ''')
     assert bag.import_errors == {}
     dag = bag.dags["poke_interval"]
-    assert [dag.get_task(t).poke_interval for t in ("ready", "running", "old_name")] == [30, 45, 5]
+    assert [dag.get_task(t).poke_interval for t in ("ready", "running")] == [30, 45]
+
+
+def test_a_sensors_poll_interval_still_counts_and_warns_naming_poke_interval() -> None:
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    from airflow_provider_raytpu.errors import InvalidInputError
+    from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
+    from airflow_provider_raytpu.sensors.rayservice import RayServiceRunningSensor
+
+    with pytest.warns(AirflowProviderDeprecationWarning, match="write poke_interval, Airflow's name for it"):
+        old = RayServiceRunningSensor(task_id="old_name", service_name="chat", poll_interval=5)
+    assert old.poke_interval == 5
+    with pytest.warns(AirflowProviderDeprecationWarning), pytest.raises(InvalidInputError, match="poll_interval=2"):
+        RayClusterReadySensor(task_id="both", cluster_name="c", poke_interval=1, poll_interval=2)
 
 
 def test_the_teardown_and_the_rollback_need_no_spec(tmp_path: Path) -> None:

@@ -15,6 +15,6 @@ CLUSTER = "{{ ti.xcom_pull('create_cluster')['cluster_name'] }}"
 for dag_id in ("etl_daily", "etl.daily"):
     with DAG(dag_id, schedule="@once", start_date=datetime(2026, 11, 1), catchup=False):
         create = CreateRayClusterOperator(task_id="create_cluster", accelerator="v4", topology="2x2x1")
-        ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=CLUSTER, timeout=600, poll_interval=1)
+        ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=CLUSTER, timeout=600, poke_interval=1)
         delete = DeleteRayClusterOperator(task_id="delete_cluster", cluster_name=CLUSTER)
         create >> ready >> delete.as_teardown(setups=create)

@@ -49,7 +49,7 @@ with DAG(
         env={"RAYTPU_TEST_HOST_GATE": "{{ params.host_gate }}"},
     )
     ready = RayClusterReadySensor(
-        task_id="wait_ready", cluster_name=CLUSTER, deferrable=True, timeout=600, poll_interval=1
+        task_id="wait_ready", cluster_name=CLUSTER, deferrable=True, timeout=600, poke_interval=1
     )
     jobs = [
         SubmitRayJobOperator(

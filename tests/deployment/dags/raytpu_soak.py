@@ -40,7 +40,7 @@ with DAG(
     create = CreateRayClusterOperator(task_id="create_cluster", accelerator="v6e", topology="2x2",
                                       cluster_name="{{ params.cluster_name }}", **CONNECTION)
     ready = RayClusterReadySensor(task_id="wait_ready", cluster=create.output, deferrable=True, timeout=300,
-                                  poll_interval=1)
+                                  poke_interval=1)
     followed = [
         SubmitRayJobOperator(task_id=task_id, cluster=create.output, entrypoint=["python", "-c", TICKER, *CONFIG],
                              ship_provider=False, deferrable=deferrable, poll_interval=1)

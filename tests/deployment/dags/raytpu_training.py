@@ -33,7 +33,7 @@ with DAG(
         topology="2x2x1",
         env={"RAYTPU_TEST_CLUSTER_GATE": "{{ params.cluster_gate }}"},
     )
-    ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=CLUSTER, timeout=600, poll_interval=1)
+    ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=CLUSTER, timeout=600, poke_interval=1)
     train = JaxTrainerOperator(
         task_id="train",
         cluster_name=CLUSTER,

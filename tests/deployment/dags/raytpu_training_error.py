@@ -23,7 +23,7 @@ with DAG(
     params={"storage": Param("gs://raytpu-test", type="string")},
 ):
     create = CreateRayClusterOperator(task_id="create_cluster", accelerator="v4", topology="2x2x1")
-    ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=CLUSTER, timeout=600, poll_interval=1)
+    ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=CLUSTER, timeout=600, poke_interval=1)
     train = JaxTrainerOperator(
         task_id="train",
         cluster_name=CLUSTER,

@@ -89,7 +89,7 @@ def dag(dag_id: str, *, apps: list[dict[str, Any]] | None = APPS, sensor: str = 
             f"env={SMALL['env']!r})")
     lines.append(
         f"    wait = RayServiceRunningSensor(task_id='wait_running', service_name={SERVICE!r}, "
-        "version='{{ params.version }}', timeout=300, poll_interval=1, " + sensor + ")")
+        "version='{{ params.version }}', timeout=300, poke_interval=1, " + sensor + ")")
     if apps is not None:
         lines.append("    deploy >> wait")
     return "\n".join(lines) + "\n"
