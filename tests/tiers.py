@@ -7,7 +7,7 @@ Ray tier (``test-ray-rest``) beside it. The control-plane tier mostly waits for 
 keeps a 2-core machine half busy, so the deployment tier fits beside it; the whole Ray tier beside
 it kept the machine 95 % busy and hung a multi-slice training job after a lost host
 (tests/README.md), so the training part starts only when the control-plane tier has ended, and
-its host-loss tests run last, when lane 2 has ended too.
+its host-loss tests run last, when lane 2 has ended or nearly.
 
 A tier's output goes to ``build/test-logs/<tier>.log`` and is printed whole when the tier ends,
 with its elapsed time; while tiers run, a line every two minutes says where each one is. The exit
