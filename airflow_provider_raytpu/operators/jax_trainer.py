@@ -10,25 +10,25 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.hooks.run_files import read_files
-from airflow_provider_raytpu.operators.base import (
+from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
+from airflow_provider_raytpu.status.run_report import TRAINING_ATTEMPTS_XCOM_KEY
+from airflow_provider_raytpu.tasks.base import (
     check_import_path,
     check_literal,
     check_not_empty,
     is_templated,
     mark_outlets,
 )
-from airflow_provider_raytpu.operators.job_tries import run_token
-from airflow_provider_raytpu.operators.lineage import asset_for, checkpoint_dataset, storage_dataset, task_lineage
-from airflow_provider_raytpu.operators.links import (
+from airflow_provider_raytpu.tasks.job_tries import run_token
+from airflow_provider_raytpu.tasks.lineage import asset_for, checkpoint_dataset, storage_dataset, task_lineage
+from airflow_provider_raytpu.tasks.links import (
     CheckpointsLink,
     ProfileLink,
     RayJobLink,
     push_link,
     storage_console_url,
 )
-from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
-from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice
-from airflow_provider_raytpu.status.run_report import TRAINING_ATTEMPTS_XCOM_KEY
+from airflow_provider_raytpu.tasks.slices import SLICE_FIELDS, check_literal_slice
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.values import parse_slice_range
 from airflow_provider_raytpu.workloads.progress import ATTEMPT_PREFIX, ATTEMPTS_SUBDIR, training_progress
@@ -80,7 +80,7 @@ def run_name_of(context: Context, resume_on_clear: bool = False) -> str:
 
     A Clear starts a new cycle of tries, so a new run from step 0: the name includes the
     ``max_tries`` Airflow records on the task instance, which a Clear changes and a retry does
-    not (:mod:`~airflow_provider_raytpu.operators.job_tries`). With ``resume_on_clear`` every
+    not (:mod:`~airflow_provider_raytpu.tasks.job_tries`). With ``resume_on_clear`` every
     cycle has the same name, so a Clear resumes the run the cleared task trained. A DAG run
     deleted and created again with the same run id is another run (its :func:`run_token`): it
     never resumes the checkpoints of the run it replaced.

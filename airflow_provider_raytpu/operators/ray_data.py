@@ -7,16 +7,16 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.operators.base import (
+from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
+from airflow_provider_raytpu.tasks.base import (
     check_import_path,
     check_literal,
     is_templated,
     map_index_of,
     mark_outlets,
 )
-from airflow_provider_raytpu.operators.job_tries import run_token
-from airflow_provider_raytpu.operators.lineage import asset_for, storage_dataset, task_lineage
-from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
+from airflow_provider_raytpu.tasks.job_tries import run_token
+from airflow_provider_raytpu.tasks.lineage import asset_for, storage_dataset, task_lineage
 from airflow_provider_raytpu.values import plural
 from airflow_provider_raytpu.workloads.uris import APART_FIX, output_overlap
 

@@ -24,16 +24,16 @@ from airflow_provider_raytpu.dashboard.job_log import (
 )
 from airflow_provider_raytpu.dashboard.outage import DEFAULT_UNREACHABLE_GRACE
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, JobIdentity, RayJobsHook
-from airflow_provider_raytpu.operators.base import (
+from airflow_provider_raytpu.tasks.base import (
     check_literal,
     check_not_empty,
     default_deferrable,
     fail_fast,
     mask_secret_values,
 )
-from airflow_provider_raytpu.operators.cluster_ready import ClusterReadyWait
-from airflow_provider_raytpu.operators.job_tries import job_identity, same_cycle, stop_leftovers, will_be_retried
-from airflow_provider_raytpu.operators.links import RayJobLink, dashboard_url, push_link
+from airflow_provider_raytpu.tasks.cluster_ready import ClusterReadyWait
+from airflow_provider_raytpu.tasks.job_tries import job_identity, same_cycle, stop_leftovers, will_be_retried
+from airflow_provider_raytpu.tasks.links import RayJobLink, dashboard_url, push_link
 from airflow_provider_raytpu.triggers.ray_job import RayJobTrigger, seal_secrets
 from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, last_result
 
@@ -58,7 +58,7 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
     returns its result without rerunning, a failed or stopped one is submitted again
     (and resumes from its checkpoints, when it keeps any). A user's Clear starts over
     (told apart from a retry by the ``max_tries`` Airflow records on the task instance, not
-    by today's ``retries``: :mod:`~airflow_provider_raytpu.operators.job_tries`).
+    by today's ``retries``: :mod:`~airflow_provider_raytpu.tasks.job_tries`).
     Before any new submission, jobs of this task still pending or running are stopped and
     waited for, so two drivers never share a run directory or a slice.
 

@@ -22,7 +22,9 @@ from airflow_provider_raytpu.manifests.raycluster import (
     parse_expiry,
     tpu_slice_of,
 )
-from airflow_provider_raytpu.operators.base import (
+from airflow_provider_raytpu.status import ClusterStatus
+from airflow_provider_raytpu.status.usage import USAGE_XCOM_KEY, describe_usage, tpu_usage
+from airflow_provider_raytpu.tasks.base import (
     ClusterTaskMixin,
     check_literal,
     fail_fast,
@@ -31,17 +33,15 @@ from airflow_provider_raytpu.operators.base import (
     mark_outlets,
     origin_of,
 )
-from airflow_provider_raytpu.operators.capacity_fallback import (
+from airflow_provider_raytpu.tasks.capacity_fallback import (
     CapacityFallbackMixin,
     parse_fallback_after,
     resume_at,
 )
-from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
-from airflow_provider_raytpu.operators.expiry import kept_because, parse_lifetime, renew_expiry
-from airflow_provider_raytpu.operators.links import RayDashboardLink, push_dashboard_link
-from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice, check_offered
-from airflow_provider_raytpu.status import ClusterStatus
-from airflow_provider_raytpu.status.usage import USAGE_XCOM_KEY, describe_usage, tpu_usage
+from airflow_provider_raytpu.tasks.deletion import DeleteOwnedOperator
+from airflow_provider_raytpu.tasks.expiry import kept_because, parse_lifetime, renew_expiry
+from airflow_provider_raytpu.tasks.links import RayDashboardLink, push_dashboard_link
+from airflow_provider_raytpu.tasks.slices import SLICE_FIELDS, check_literal_slice, check_offered
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.values import check_prices, parse_bool
 
@@ -82,7 +82,7 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
         (``"reservation:<project>/<name>"`` shared, ``"reservation:any"``) or ``"flex-start"``
         (``"flex-start:24h"``: a max run duration); see :class:`~airflow_provider_raytpu.capacity.Capacity`.
         A list (``["reservation:r1", "spot"]``) is tried in order, with ``fallback_after``
-        (:mod:`~airflow_provider_raytpu.operators.capacity_fallback`): the task then defers until the slices
+        (:mod:`~airflow_provider_raytpu.tasks.capacity_fallback`): the task then defers until the slices
         are placed, and its ``capacity`` XCom says what was tried and what is used.
     :param fallback_after: with a capacity list, how long (a ``timedelta``, or seconds) each kind may take to
         place every TPU host before the cluster is deleted and made on the next kind.

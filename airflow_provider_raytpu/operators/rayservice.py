@@ -24,7 +24,8 @@ from airflow_provider_raytpu.manifests.rayservice import (
     version_history,
 )
 from airflow_provider_raytpu.manifests.serveconfig import ServeApplication
-from airflow_provider_raytpu.operators.base import (
+from airflow_provider_raytpu.progress import progress
+from airflow_provider_raytpu.tasks.base import (
     CONN_KEY,
     ServiceTaskMixin,
     check_literal,
@@ -32,17 +33,16 @@ from airflow_provider_raytpu.operators.base import (
     map_index_of,
     origin_of,
 )
-from airflow_provider_raytpu.operators.deletion import DeleteOwnedOperator
-from airflow_provider_raytpu.operators.lineage import (
+from airflow_provider_raytpu.tasks.deletion import DeleteOwnedOperator
+from airflow_provider_raytpu.tasks.lineage import (
     checkpoint_dataset,
     is_storage_uri,
     service_dataset,
     storage_dataset,
     task_lineage,
 )
-from airflow_provider_raytpu.operators.links import ServeApplicationLink, ServeEndpointLink, push_service_links
-from airflow_provider_raytpu.operators.slices import SLICE_FIELDS, check_literal_slice, check_offered
-from airflow_provider_raytpu.progress import progress
+from airflow_provider_raytpu.tasks.links import ServeApplicationLink, ServeEndpointLink, push_service_links
+from airflow_provider_raytpu.tasks.slices import SLICE_FIELDS, check_literal_slice, check_offered
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.values import parse_bool
 

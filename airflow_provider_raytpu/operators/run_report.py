@@ -14,8 +14,6 @@ from airflow_provider_raytpu.connection import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import FatalError
 from airflow_provider_raytpu.hooks.raytpu import RayTpuHook
 from airflow_provider_raytpu.hooks.run_files import check_report_uri, write_report_files
-from airflow_provider_raytpu.operators.base import TeardownWhateverHappenedMixin, check_literal, fail_fast
-from airflow_provider_raytpu.operators.links import RunReportLink, push_link, storage_console_url
 from airflow_provider_raytpu.status.run_report import (
     TASK_SPAN_XCOM_KEY,
     TRAINING_ATTEMPTS_XCOM_KEY,
@@ -23,6 +21,8 @@ from airflow_provider_raytpu.status.run_report import (
     report_table,
 )
 from airflow_provider_raytpu.status.usage import USAGE_XCOM_KEY
+from airflow_provider_raytpu.tasks.base import TeardownWhateverHappenedMixin, check_literal, fail_fast
+from airflow_provider_raytpu.tasks.links import RunReportLink, push_link, storage_console_url
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowSensorTimeout
 
-from airflow_provider_raytpu.operators.base import (
+from airflow_provider_raytpu.status import ReconcileFailureGrace
+from airflow_provider_raytpu.tasks.base import (
     default_deferrable,
     fail_fast,
     sensor_poke_interval,
 )
-from airflow_provider_raytpu.operators.cluster_ready import ClusterReadyWait
-from airflow_provider_raytpu.operators.links import RayDashboardLink, push_dashboard_link
-from airflow_provider_raytpu.status import ReconcileFailureGrace
+from airflow_provider_raytpu.tasks.cluster_ready import ClusterReadyWait
+from airflow_provider_raytpu.tasks.links import RayDashboardLink, push_dashboard_link
 from airflow_provider_raytpu.triggers.raycluster import DEFAULT_GRACE_PERIOD
 
 if TYPE_CHECKING:

@@ -12,15 +12,15 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from airflow_provider_raytpu.errors import InvalidInputError
-from airflow_provider_raytpu.operators.base import (
+from airflow_provider_raytpu.status import APP_UNHEALTHY, ServicePhase, ServiceStatus
+from airflow_provider_raytpu.tasks.base import (
     ServiceTaskMixin,
     default_deferrable,
     fail_fast,
     mark_outlets,
     sensor_poke_interval,
 )
-from airflow_provider_raytpu.operators.links import ServeApplicationLink, ServeEndpointLink, push_service_links
-from airflow_provider_raytpu.status import APP_UNHEALTHY, ServicePhase, ServiceStatus
+from airflow_provider_raytpu.tasks.links import ServeApplicationLink, ServeEndpointLink, push_service_links
 from airflow_provider_raytpu.triggers.rayservice import (
     DEFAULT_GRACE_PERIOD,
     DEPLOYING_TIMEOUT,

@@ -11,10 +11,10 @@ import yaml
 from airflow_provider_raytpu.capacity import Capacity, parse_capacities
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.raycluster import CAPACITY_TRIED_ANNOTATION, build_ray_cluster, tpu_slice_of
-from airflow_provider_raytpu.operators.capacity_fallback import parse_fallback_after, resume_at
 from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
 from airflow_provider_raytpu.operators.rayservice import DeployRayServiceOperator
 from airflow_provider_raytpu.status.cluster import read_slices
+from airflow_provider_raytpu.tasks.capacity_fallback import parse_fallback_after, resume_at
 from airflow_provider_raytpu.tpu import TpuSlice
 from tests.support.crd_schema import KUBERAY_VERSIONS, schema_errors
 

@@ -4,7 +4,7 @@ needs: an upgrade that moves or changes one fails here."""
 from __future__ import annotations
 
 from airflow_provider_raytpu.compat import redact
-from airflow_provider_raytpu.operators.base import mask_secret_values
+from airflow_provider_raytpu.tasks.base import mask_secret_values
 
 
 def test_redact_hides_the_values_of_keys_that_look_secret() -> None:
@@ -23,7 +23,7 @@ def test_what_airflow_resolves_at_run_time_is_a_resolvable_type() -> None:
     from airflow.sdk import DAG, BaseOperator
 
     from airflow_provider_raytpu.compat import resolvable_type
-    from airflow_provider_raytpu.operators.base import is_templated
+    from airflow_provider_raytpu.tasks.base import is_templated
 
     with DAG("compat_resolvable", schedule=None):
         upstream = BaseOperator(task_id="upstream")

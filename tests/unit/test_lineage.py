@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from airflow_provider_raytpu.operators.lineage import checkpoint_dataset, dataset_id, is_storage_uri
+from airflow_provider_raytpu.tasks.lineage import checkpoint_dataset, dataset_id, is_storage_uri
 
 
 @pytest.mark.parametrize(("uri", "expected"), [

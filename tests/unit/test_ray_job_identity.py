@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from airflow_provider_raytpu.hooks.ray_jobs import JobIdentity
-from airflow_provider_raytpu.operators.job_tries import same_cycle, will_be_retried
+from airflow_provider_raytpu.tasks.job_tries import same_cycle, will_be_retried
 from airflow_provider_raytpu.workloads.result import last_result, report_result
 
 

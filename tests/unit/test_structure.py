@@ -73,6 +73,38 @@ def test_a_pure_module_imports_no_airflow_ray_or_cloud_client(name: str) -> None
     assert not _tops(imports(MODULES[name])) & {"airflow", *CLOUD_AND_RAY}
 
 
+#: DESIGN.md's layers, top down: a module imports only from the layers below its own (and from its own package).
+LAYERS = {"operators": 0, "sensors": 0, "tasks": 1, "triggers": 2, "hooks": 3, "backends": 4, "dashboard": 5,
+          "manifests": 6, "status": 7}
+
+
+def _layer(name: str) -> int | None:
+    """The layer of a module in one of :data:`LAYERS`' packages, else ``None``."""
+    parts = name.split(".")
+    return LAYERS.get(parts[1]) if len(parts) > 2 else None
+
+
+def upward_imports(name: str) -> list[str]:
+    """The package's modules that ``name`` imports from its own layer (another package) or a layer above."""
+    own, package = _layer(name), name.split(".")[1]
+    layers = {target: _layer(target) for target in package_imports(name) if target.split(".")[1] != package}
+    return sorted(target for target, layer in layers.items() if None not in (own, layer) and layer <= own)
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if _layer(n) is not None])
+def test_a_module_imports_only_from_the_layers_below_its_own(name: str) -> None:
+    assert upward_imports(name) == []
+
+
+def test_the_layer_check_sees_a_task_helper_import_an_operator(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    source = tmp_path / "helper.py"
+    source.write_text("from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator\n"
+                      "from airflow_provider_raytpu.triggers.raycluster import RayClusterReadyTrigger\n")
+    monkeypatch.setitem(MODULES, f"{ROOT}.tasks.helper", source)
+    assert upward_imports(f"{ROOT}.tasks.helper") == [f"{ROOT}.operators.raycluster"]
+
+
 @pytest.mark.parametrize("name", [n for n in MODULES if n.startswith(f"{ROOT}.workloads")])
 def test_a_workload_never_imports_airflow(name: str) -> None:
     assert "airflow" not in _tops(imports(MODULES[name]))

@@ -24,13 +24,13 @@ from airflow_provider_raytpu.dashboard.job_log import (
 from airflow_provider_raytpu.dashboard.transport import DirectTransport
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.operators.jax_trainer import describe_step_times
-from airflow_provider_raytpu.operators.links import (
+from airflow_provider_raytpu.progress import LogPace, progress, with_pace
+from airflow_provider_raytpu.status.plain import plain
+from airflow_provider_raytpu.tasks.links import (
     dashboard_url,
     serve_application_url,
     storage_console_url,
 )
-from airflow_provider_raytpu.progress import LogPace, progress, with_pace
-from airflow_provider_raytpu.status.plain import plain
 from airflow_provider_raytpu.workloads.steps import combine_step_times, percentile, profile_window
 from tests.support.airflow_runner import not_plain
 from tests.support.task_logs import problems, task_logs
@@ -297,7 +297,7 @@ def test_secret_arguments_show_their_keys_only_wherever_the_command_is_repeated(
 def test_secret_values_are_registered_with_airflows_masker() -> None:
     from airflow.sdk._shared.secrets_masker import redact
 
-    from airflow_provider_raytpu.operators.base import mask_secret_values
+    from airflow_provider_raytpu.tasks.base import mask_secret_values
 
     mask_secret_values({"wandb_api_key": "sk-abcdef123456", "nested": {"db_password": "pw-987654321"}, "lr": 0.123456})
     assert redact("key sk-abcdef123456 and pw-987654321, lr 0.123456") == "key *** and ***, lr 0.123456"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raytpu.operators.lineage import checkpoint_dataset
+from airflow_provider_raytpu.tasks.lineage import checkpoint_dataset
 from example_dags.demo.run import DAG_ID, REPORT, run
 from tests.support.lineage import completed, datasets
 from tests.support.task_logs import LOADED_SILENCE_LIMIT_SECONDS, problems, task_instances_in, task_logs

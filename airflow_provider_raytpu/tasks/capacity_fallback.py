@@ -23,8 +23,8 @@ from airflow_provider_raytpu.backends.base import ChangedSinceChecked, Precondit
 from airflow_provider_raytpu.capacity import Capacity, parse_capacities
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.manifests.raycluster import CAPACITY_TRIED_ANNOTATION, tpu_slice_of
-from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast, origin_of
 from airflow_provider_raytpu.status.conditions import parse_time
+from airflow_provider_raytpu.tasks.base import ClusterTaskMixin, fail_fast, origin_of
 from airflow_provider_raytpu.triggers.raycluster import RayClusterReadyTrigger
 from airflow_provider_raytpu.values import parse_duration
 

@@ -13,8 +13,8 @@ from urllib.parse import parse_qs, urlsplit
 from airflow_provider_raytpu.connection import DEFAULT_CONN_ID
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.gke_tpu import offered_shapes
-from airflow_provider_raytpu.operators.base import is_templated
 from airflow_provider_raytpu.progress import TaskLog
+from airflow_provider_raytpu.tasks.base import is_templated
 from airflow_provider_raytpu.tpu import TpuSlice
 
 SLICE_FIELDS = ("accelerator", "topology", "num_slices", "spot", "chips_per_host", "capacity")

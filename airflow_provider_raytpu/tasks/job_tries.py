@@ -21,8 +21,8 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_raytpu.compat import never_expire
 from airflow_provider_raytpu.hooks.ray_jobs import ACTIVE, METADATA_PREFIX, TERMINAL, JobIdentity, RayJobsHook
-from airflow_provider_raytpu.operators.base import map_index_of
 from airflow_provider_raytpu.progress import LogPace, TaskLog
+from airflow_provider_raytpu.tasks.base import map_index_of
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

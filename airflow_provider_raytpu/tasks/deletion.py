@@ -36,13 +36,13 @@ from airflow_provider_raytpu.manifests.raycluster import (
     RUN_ID_KEY,
     TASK_ID_KEY,
 )
-from airflow_provider_raytpu.operators.base import (
+from airflow_provider_raytpu.progress import progress
+from airflow_provider_raytpu.tasks.base import (
     ClusterTaskMixin,
     TeardownWhateverHappenedMixin,
     fail_fast,
     map_index_of,
 )
-from airflow_provider_raytpu.progress import progress
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

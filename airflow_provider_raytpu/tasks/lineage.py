@@ -113,6 +113,6 @@ def asset_for(uri: Any) -> list[Asset]:
     """An Airflow outlet for a literal URI; a templated one (Jinja, an ``XComArg``) is only known at run time."""
     from airflow.sdk import Asset
 
-    from airflow_provider_raytpu.operators.base import is_templated
+    from airflow_provider_raytpu.tasks.base import is_templated
 
     return [Asset(uri)] if isinstance(uri, str) and uri and not is_templated(uri) else []

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_raytpu.operators.base import ClusterTaskMixin, fail_fast
 from airflow_provider_raytpu.progress import LogPace
 from airflow_provider_raytpu.status import ClusterStatus, Phase, ReconcileFailureGrace
+from airflow_provider_raytpu.tasks.base import ClusterTaskMixin, fail_fast
 from airflow_provider_raytpu.triggers.raycluster import DEFAULT_GRACE_PERIOD, RayClusterReadyTrigger
 
 if TYPE_CHECKING:
