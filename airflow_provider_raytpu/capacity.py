@@ -161,6 +161,16 @@ def parse_capacities(value: Any, field: str = "capacity") -> tuple[Capacity, ...
     return kinds
 
 
+def with_spot(spot: bool, capacity: Any, field: str = "capacity") -> Capacity:
+    """``capacity``, or spot capacity for the deprecated ``spot=True``; the two must agree when both are given."""
+    parsed = Capacity.parse(capacity, field)
+    if spot and parsed.kind not in (SPOT, ON_DEMAND):
+        raise InvalidInputError(
+            "spot/capacity", (spot, capacity), f"ask for spot and for {parsed.describe()} at once",
+            f"Write capacity={str(parsed)!r} alone (spot=True is the deprecated spelling of capacity='spot')")
+    return Capacity(SPOT) if spot else parsed
+
+
 def _reservation(value: str, detail: str, field: str) -> Capacity:
     project, _, name = detail.rpartition("/")
     if name == ANY_RESERVATION and not project:

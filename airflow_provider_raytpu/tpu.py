@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from airflow_provider_raytpu.capacity import ON_DEMAND, SPOT, Capacity
+from airflow_provider_raytpu.capacity import ON_DEMAND, SPOT, Capacity, with_spot
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.gke_tpu import GKE_TOPOLOGIES, HOST_MACHINES, MACHINE_TYPES, MachineType, offered_shapes
 from airflow_provider_raytpu.values import parse_bool, parse_int, parse_optional_int, plural
@@ -237,7 +238,7 @@ class TpuSlice:
         ``"v5litepod"``); never a GKE label or a chip count.
     :param topology: the slice shape, e.g. ``"4x4"`` or ``"2x2x2"``.
     :param num_slices: how many identical slices (multislice), at least 1.
-    :param spot: run on spot (preemptible) capacity: the older spelling of ``capacity="spot"``.
+    :param spot: deprecated: write ``capacity="spot"``. Read back, whether the capacity is spot.
     :param chips_per_host: chips per host when the generation offers a choice
         (v5e/v6e ``2x4`` is one 8-chip host by default, or two 4-chip hosts with 4).
     :param capacity: where the TPUs come from: ``on-demand`` (default), ``spot``, ``reservation:<name>`` or
@@ -256,6 +257,8 @@ class TpuSlice:
         topology = parse_topology(self.topology, generation)
         num_slices = parse_int(self.num_slices, "num_slices", maximum=MAX_SLICES, why_maximum=TOO_MANY_SLICES)
         spot = parse_bool(self.spot, "spot")
+        if spot and Capacity.parse(self.capacity).kind != SPOT:
+            warnings.warn("TpuSlice(spot=True) is deprecated: write capacity='spot'", DeprecationWarning, stacklevel=3)
         chips_per_host = parse_optional_int(self.chips_per_host, "chips_per_host", example=4)
         allowed = _allowed_chips_per_host(generation, topology)
         if chips_per_host is not None and chips_per_host not in allowed:
@@ -268,18 +271,18 @@ class TpuSlice:
         object.__setattr__(self, "accelerator", generation.name)
         object.__setattr__(self, "topology", topology)
         object.__setattr__(self, "num_slices", num_slices)
-        capacity = _capacity(spot, self.capacity)
+        capacity = with_spot(spot, self.capacity)
         object.__setattr__(self, "spot", capacity.kind == SPOT)
         object.__setattr__(self, "chips_per_host", chips_per_host)
         object.__setattr__(self, "capacity", capacity)
 
     @classmethod
-    def from_fields(cls, accelerator: str, topology: str, num_slices: int | str = 1, spot: bool | str = False,
+    def from_fields(cls, *, accelerator: str, topology: str, num_slices: int | str = 1,
                     chips_per_host: int | str | None = None, capacity: Capacity | str | None = None) -> TpuSlice:
         """The slice a task's fields declare, as written or as their templates rendered (strings)."""
         slices = parse_int(num_slices, "num_slices", maximum=MAX_SLICES, why_maximum=TOO_MANY_SLICES)
         chips = parse_optional_int(chips_per_host, "chips_per_host", example=4)
-        return cls(accelerator, topology, slices, parse_bool(spot, "spot"), chips, Capacity.parse(capacity))
+        return cls(accelerator, topology, slices, chips_per_host=chips, capacity=Capacity.parse(capacity))
 
     @cached_property
     def generation(self) -> Generation:
@@ -372,7 +375,6 @@ class TpuSlice:
             "accelerator": self.accelerator,
             "topology": self.topology,
             "num_slices": self.num_slices,
-            "spot": self.spot,
             "chips_per_host": self.chips_per_host,
             "capacity": str(self.capacity),
         }
@@ -387,14 +389,7 @@ class TpuSlice:
             raise InvalidInputError("tpu", data, f"has unknown keys {unknown}", f"Use only {sorted(known)}")
         if missing := sorted({"accelerator", "topology"} - set(data)):
             raise InvalidInputError("tpu", data, f"lacks {missing}", "Give accelerator and topology")
+        data = dict(data)
+        if parse_bool(data.pop("spot", False), "spot") and Capacity.parse(data.get("capacity")).kind == ON_DEMAND:
+            data["capacity"] = SPOT  # recorded before capacity was: a cluster of an earlier version
         return cls.from_fields(**data)
-
-
-def _capacity(spot: bool, capacity: Any) -> Capacity:
-    """``capacity``, or spot capacity for the older ``spot=True``; the two must agree when both are given."""
-    parsed = Capacity.parse(capacity)
-    if spot and parsed.kind not in (SPOT, ON_DEMAND):
-        raise InvalidInputError(
-            "spot/capacity", (spot, capacity), f"ask for spot and for {parsed.describe()} at once",
-            f"Write capacity={str(parsed)!r} alone (spot=True is the older spelling of capacity='spot')")
-    return Capacity(SPOT) if spot else parsed

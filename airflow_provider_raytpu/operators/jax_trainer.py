@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -28,9 +29,8 @@ from airflow_provider_raytpu.tasks.links import (
     push_link,
     storage_console_url,
 )
-from airflow_provider_raytpu.tasks.slices import SLICE_FIELDS, check_literal_slice
+from airflow_provider_raytpu.tasks.slices import SLICE_FIELDS, SliceFields, elastic_range, warn_spot
 from airflow_provider_raytpu.tpu import TpuSlice
-from airflow_provider_raytpu.values import parse_slice_range
 from airflow_provider_raytpu.workloads.progress import ATTEMPT_PREFIX, ATTEMPTS_SUBDIR, training_progress
 from airflow_provider_raytpu.workloads.run_record import ON_CONFIG_CHANGE
 from airflow_provider_raytpu.workloads.steps import profile_window
@@ -69,12 +69,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def _most(num_slices: Any) -> Any:
-    """The slice count a shape check compares: a range's ``max``, else the count as given (1 if unset)."""
-    slices = parse_slice_range(num_slices) if not is_templated(num_slices) else None
-    return slices[1] if slices else (num_slices or 1)
-
-
 def run_name_of(context: Context, resume_on_clear: bool = False) -> str:
     """Ray Train's run name: the same for every retry of a task in a DAG run, so a retry resumes.
 
@@ -97,7 +91,8 @@ class JaxTrainerOperator(SubmitRayJobOperator):
     """Train with Ray Train's JaxTrainer on the cluster's TPU slices; checkpoints go to storage with orbax.
 
     Workers = hosts per slice x slices, placed by Ray on whole slices from the
-    cluster's recorded slice shape (pass the slice fields only to assert it). The run
+    cluster's recorded slice shape. Each slice field given states what the cluster must be: one
+    the cluster disagrees with fails the task before the job, naming the field. The run
     name is the same for every retry of the task in a DAG run, so an Airflow retry after
     a failed or lost job resumes from the latest checkpoint in ``checkpoint_uri`` instead
     of step 0, and a failed worker (a preempted host) is restarted up to ``max_failures``
@@ -135,16 +130,17 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         ``plugins/profile`` layout); the loop must time its steps with ``StepClock``.
     :param accelerator: optional; must agree with the cluster's slice.
     :param topology: optional; must agree with the cluster's slice.
-    :param num_slices: optional; a count must agree with the cluster's slice. A range ``(min, max)``
-        trains elastically: on as many whole slices as are ready, at least ``min`` and at most ``max`` of
-        the cluster's (Ray Train's elastic training). When a slice is lost the run goes on, from its newest
-        checkpoint, on the slices left (if ``min`` allows); once the slice is back it grows again. The
-        global batch is per-worker batch x workers, so it changes with the slices.
-    :param resize_interval: with a ``num_slices`` range, seconds between Ray Train's checks for more
-        ready slices (its ``elastic_resize_monitor_interval_s``).
-    :param spot: optional, with the slice fields; spot capacity does not change the shape.
-    :param capacity: optional, with the slice fields; like ``spot``, not compared with the cluster's.
-    :param chips_per_host: optional; must agree with the cluster's slice.
+    :param num_slices: optional; must agree with the cluster's slice count.
+    :param chips_per_host: optional; must agree with the cluster's chips per host.
+    :param capacity: optional; must agree with the capacity the cluster's slices are on (``"spot"``, ...).
+    :param spot: deprecated: write ``capacity="spot"``.
+    :param elastic_slices: ``(min, max)``: train elastically, on as many whole slices as are ready, at least
+        ``min`` and at most ``max`` of the cluster's (Ray Train's elastic training). When a slice is lost the
+        run goes on, from its newest checkpoint, on the slices left (if ``min`` allows); once the slice is back
+        it grows again. The global batch is per-worker batch x workers, so it changes with the slices. A range
+        given as ``num_slices`` (the older spelling) still works, and warns.
+    :param resize_interval: with ``elastic_slices``, seconds between Ray Train's checks for more ready slices
+        (its ``elastic_resize_monitor_interval_s``).
     :param resume_on_clear: after a user's Clear, resume the run the cleared task trained
         (its newest checkpoint) instead of starting a new run from step 0.
     :param on_config_change: what a retry or resumed Clear does when the run was started with another
@@ -156,6 +152,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
 
     template_fields: Sequence[str] = (
         *SubmitRayJobOperator.template_fields, "train_loop", "checkpoint_uri", "config", "datasets", *SLICE_FIELDS,
+        "elastic_slices",
     )
     template_fields_renderers = {**SubmitRayJobOperator.template_fields_renderers, "config": "json",
                                  "datasets": "json"}
@@ -176,10 +173,11 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         profile_steps: tuple[int, int] | Sequence[int] | None = None,
         accelerator: str | None = None,
         topology: str | None = None,
-        num_slices: int | str | Sequence[int] | None = None,
-        spot: bool | str = False,
+        num_slices: int | str | None = None,
         chips_per_host: int | str | None = None,
         capacity: str | None = None,
+        spot: bool | str = False,
+        elastic_slices: tuple[int, int] | Sequence[int] | str | None = None,
         resume_on_clear: bool = False,
         resize_interval: float = 60.0,
         on_config_change: str = "fail",
@@ -195,12 +193,14 @@ class JaxTrainerOperator(SubmitRayJobOperator):
                 "batch_size/ragged_policy", (batch_size, ragged_policy), "are given one without the other",
                 "Give both (the driver checks the datasets split into whole batches before training) or neither",
             )
-        check_literal(num_slices, parse_slice_range)
+        if not is_templated((num_slices, elastic_slices)):
+            num_slices, elastic_slices = elastic_range(num_slices, elastic_slices)
         if isinstance(resize_interval, bool) or not isinstance(resize_interval, (int, float)) or resize_interval < 0:
             raise InvalidInputError("resize_interval", resize_interval, "is not a number of seconds",
                                     "Write e.g. 60 (Ray Train's default)")
-        if accelerator or topology:
-            check_literal_slice(accelerator or "", topology or "", _most(num_slices), spot, chips_per_host, capacity)
+        warn_spot(spot)
+        SliceFields(accelerator=accelerator, topology=topology, num_slices=num_slices, chips_per_host=chips_per_host,
+                    capacity=capacity, spot=spot).check_literal_parts()
         profile_window(profile_steps)
         check_literal(train_loop, lambda value: check_import_path(value, "train_loop"))
         super().__init__(entrypoint="", **kwargs)
@@ -216,28 +216,26 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         self.accelerator = accelerator
         self.topology = topology
         self.num_slices = num_slices
-        self.spot = spot
         self.chips_per_host = chips_per_host
         self.capacity = capacity
+        self.spot = spot
+        self.elastic_slices = elastic_slices
         self.resume_on_clear = resume_on_clear
         self.resize_interval = resize_interval
         self.on_config_change = on_config_change
 
-    def given_tpu(self) -> TpuSlice | None:
-        if not self.accelerator and not self.topology:
-            return None
-        return TpuSlice.from_fields(self.accelerator or "", self.topology or "", _most(self.num_slices),
-                                    self.spot, self.chips_per_host, self.capacity)
-
-    def slice_range(self, tpu: TpuSlice) -> tuple[int, int] | None:
-        """The elastic ``(min, max)`` slices, checked against the cluster's ``tpu``; ``None``: all of them."""
-        slices = parse_slice_range(self.num_slices)
+    def training_slices(self) -> tuple[TpuSlice, tuple[int, int] | None]:
+        """The cluster's slice, once what this task states agrees with it, and the elastic ``(min, max)`` within it
+        (``None``: train on all of its slices)."""
+        name, namespace = self.jobs.cluster_name, self.jobs.namespace
+        num_slices, slices = elastic_range(self.num_slices, self.elastic_slices)
+        stated = dataclasses.replace(SliceFields.of(self), num_slices=num_slices)
+        tpu = stated.against(self.recorded_tpu(name, namespace), f"RayCluster {namespace}/{name}")
         if slices and slices[1] > tpu.num_slices:
             raise InvalidInputError(
-                "num_slices", self.num_slices,
-                f"asks for up to {slices[1]} slices, but RayCluster {self.jobs.namespace}/{self.jobs.cluster_name} "
-                f"has {tpu.num_slices}", f"Write num_slices=({min(slices[0], tpu.num_slices)}, {tpu.num_slices})")
-        return slices
+                "elastic_slices", slices, f"asks for up to {slices[1]} slices, but RayCluster {namespace}/{name} has "
+                f"{tpu.num_slices}", f"Write elastic_slices=({min(slices[0], tpu.num_slices)}, {tpu.num_slices})")
+        return tpu, slices
 
     def secret_mappings(self) -> list[Mapping[str, Any] | None]:
         return [*super().secret_mappings(), self.config]
@@ -246,8 +244,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         check_import_path(self.train_loop, "train_loop")
         check_not_empty(self.checkpoint_uri, "checkpoint_uri", "'gs://bucket/checkpoints'")
         window = profile_window(self.profile_steps)
-        tpu = self.cluster_tpu(self.jobs.cluster_name, self.jobs.namespace, self.given_tpu())
-        slices = self.slice_range(tpu)
+        tpu, slices = self.training_slices()
         run_name = run_name_of(context, self.resume_on_clear)
         run_uri = f"{self.checkpoint_uri.rstrip('/')}/{run_name}"
         elastic = f", elastically on {slices[0]} to {slices[1]} of its slices" if slices else ""

@@ -10,7 +10,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER
 from airflow_provider_raytpu.backends.base import Applied, ChangedSinceChecked, Precondition
-from airflow_provider_raytpu.capacity import Capacity, parse_capacities
+from airflow_provider_raytpu.capacity import Capacity
 from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, check_queue_name, owned_name
 from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
 from airflow_provider_raytpu.manifests.raycluster import (
@@ -41,8 +41,7 @@ from airflow_provider_raytpu.tasks.capacity_fallback import (
 from airflow_provider_raytpu.tasks.deletion import DeleteOwnedOperator
 from airflow_provider_raytpu.tasks.expiry import kept_because, parse_lifetime, renew_expiry
 from airflow_provider_raytpu.tasks.links import RayDashboardLink, push_dashboard_link
-from airflow_provider_raytpu.tasks.slices import SLICE_FIELDS, check_literal_slice, check_offered
-from airflow_provider_raytpu.tpu import TpuSlice
+from airflow_provider_raytpu.tasks.slices import SLICE_FIELDS, SliceFields, check_offered, warn_spot
 from airflow_provider_raytpu.values import check_prices, parse_bool
 
 if TYPE_CHECKING:
@@ -76,7 +75,6 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
     :param accelerator: TPU generation, e.g. ``"v6e"``.
     :param topology: slice shape, e.g. ``"4x4"``.
     :param num_slices: number of identical slices.
-    :param spot: use spot (preemptible) TPU capacity: the older spelling of ``capacity="spot"``.
     :param chips_per_host: chips per host where the generation offers a choice.
     :param capacity: where the TPUs come from: ``"on-demand"`` (default), ``"spot"``, ``"reservation:<name>"``
         (``"reservation:<project>/<name>"`` shared, ``"reservation:any"``) or ``"flex-start"``
@@ -138,11 +136,12 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
     ) -> None:
         options = take_cluster_options(cluster_options, kwargs)
         check_literal(queue_name, check_queue_name)
-        kinds = None if is_templated(capacity) else parse_capacities(capacity)
-        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host, kinds[0] if kinds else capacity,
-                            raytpu_conn_id=raytpu_conn_id)
-        if kinds:
-            check_literal(fallback_after, lambda value: parse_fallback_after(value, kinds))
+        warn_spot(spot)
+        stated = SliceFields(accelerator=accelerator, topology=topology, num_slices=num_slices,
+                             chips_per_host=chips_per_host, capacity=capacity, spot=spot)
+        stated.check_literal(capacity_list=True)
+        if not is_templated((capacity, spot)):
+            check_literal(fallback_after, lambda value: parse_fallback_after(value, stated.capacities()))
         check_literal(options, RayClusterOptions.from_value)
         lifetime = parse_lifetime(max_lifetime)
         super().__init__(**kwargs)
@@ -163,24 +162,21 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         with fail_fast():
-            kinds = parse_capacities(self.capacity)
+            stated = SliceFields.of(self)
+            kinds = stated.capacities()
             for kind in kinds:
-                self._slice(kind)
+                stated.tpu(kind)
             parse_fallback_after(self.fallback_after, kinds)
             cluster = self.backend.get_cluster(self._name(context), self.resolved_namespace()) if kinds[1:] else None
             index, tried = resume_at(cluster, kinds)
         return self.try_capacity(context, kinds, index, tried)
-
-    def _slice(self, capacity: Capacity) -> TpuSlice:
-        return TpuSlice.from_fields(self.accelerator, self.topology, self.num_slices, self.spot, self.chips_per_host,
-                                    capacity)
 
     def _name(self, context: Context) -> str:
         return self.resolved_name() if self.cluster_name else default_cluster_name(context, self.hook.deployment)
 
     def apply_on(self, context: Context, capacity: Capacity) -> dict[str, Any]:
         with fail_fast():
-            tpu = self._slice(capacity)
+            tpu = SliceFields.of(self).tpu(capacity)
             check_offered(tpu, self.hook.settings.backend, self.log)
             options = RayClusterOptions.from_value(self.cluster_options).queued_in(check_queue_name(self.queue_name))
             update_if_exists = parse_bool(self.update_if_exists, "update_if_exists")

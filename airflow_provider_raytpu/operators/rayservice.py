@@ -42,8 +42,7 @@ from airflow_provider_raytpu.tasks.lineage import (
     task_lineage,
 )
 from airflow_provider_raytpu.tasks.links import ServeApplicationLink, ServeEndpointLink, push_service_links
-from airflow_provider_raytpu.tasks.slices import SLICE_FIELDS, check_literal_slice, check_offered
-from airflow_provider_raytpu.tpu import TpuSlice
+from airflow_provider_raytpu.tasks.slices import SLICE_FIELDS, SliceFields, check_offered, warn_spot
 from airflow_provider_raytpu.values import parse_bool
 
 if TYPE_CHECKING:
@@ -112,11 +111,11 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
     :param accelerator: TPU generation, e.g. ``"v6e"``.
     :param topology: slice shape, e.g. ``"4x4"``.
     :param num_slices: number of identical slices in the serving cluster.
-    :param spot: use spot (preemptible) TPU capacity: the older spelling of ``capacity="spot"``.
     :param chips_per_host: chips per host where the generation offers a choice.
     :param capacity: where the TPUs come from: ``"on-demand"`` (default), ``"spot"``, ``"reservation:<name>"``
         (``"reservation:<project>/<name>"`` shared, ``"reservation:any"``) or ``"flex-start"``
         (``"flex-start:24h"``: a max run duration); see :class:`~airflow_provider_raytpu.capacity.Capacity`.
+    :param spot: deprecated: write ``capacity="spot"``.
     :param service_name: the RayService's name (at most 47 characters); default: the DAG and
         task ids and a hash of both and the map index (one RayService per DAG and deploy task, and
         per map index of a mapped one).
@@ -173,8 +172,9 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         **kwargs: Any,
     ) -> None:
         options = take_cluster_options(cluster_options, kwargs)
-        check_literal_slice(accelerator, topology, num_slices, spot, chips_per_host, capacity,
-                            raytpu_conn_id=raytpu_conn_id)
+        warn_spot(spot)
+        SliceFields(accelerator=accelerator, topology=topology, num_slices=num_slices, chips_per_host=chips_per_host,
+                    capacity=capacity, spot=spot).check_literal()
         check_literal(options, RayClusterOptions.from_value)
         check_literal((upgrade_strategy, in_place), lambda given: check_upgrade_strategy(
             given[0], parse_bool(given[1], "in_place")))
@@ -218,8 +218,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
 
     def _deploy(self, context: Context) -> dict[str, Any]:
         with fail_fast():
-            tpu = TpuSlice.from_fields(self.accelerator, self.topology, self.num_slices, self.spot,
-                                       self.chips_per_host, self.capacity)
+            tpu = SliceFields.of(self).tpu()
             check_offered(tpu, self.hook.settings.backend, self.log)
             options = RayClusterOptions.from_value(self.cluster_options)
             in_place = parse_bool(self.in_place, "in_place")

@@ -287,25 +287,19 @@ class ClusterTaskMixin(_TaskBase):
             return check_namespace(self.namespace)
         return self.hook.settings.namespace
 
-    def cluster_tpu(self, name: str, namespace: str, given: TpuSlice | None = None) -> TpuSlice:
-        """The slice shape recorded on the cluster; an explicitly given shape must agree with it."""
-        recorded = tpu_slice_of(self.backend.get_cluster(name, namespace) or {})
+    def recorded_tpu(self, name: str, namespace: str) -> TpuSlice | None:
+        """The slice shape recorded on the cluster; ``None`` when it is gone or records none."""
+        return tpu_slice_of(self.backend.get_cluster(name, namespace) or {})
+
+    def cluster_tpu(self, name: str, namespace: str) -> TpuSlice:
+        """The slice shape recorded on the cluster.
+
+        :raises FatalError: when the cluster is gone or records none.
+        """
+        recorded = self.recorded_tpu(name, namespace)
         if recorded is None:
-            if given is None:
-                raise FatalError(
-                    f"RayCluster {namespace}/{name} does not exist or records no slice shape; create it with "
-                    "CreateRayClusterOperator, or pass accelerator and topology"
-                )
-            return given
-        if given is not None and (given.accelerator, given.topology, given.num_slices, given.host_chips) != (
-            recorded.accelerator, recorded.topology, recorded.num_slices, recorded.host_chips
-        ):
-            raise InvalidInputError(
-                "accelerator/topology/num_slices",
-                given.describe(),
-                f"disagrees with RayCluster {namespace}/{name}, which is {recorded.describe()}",
-                "Leave the slice fields unset to use the cluster's shape, or target a cluster of this shape",
-            )
+            raise FatalError(f"RayCluster {namespace}/{name} does not exist or records no slice shape; create it "
+                             "with CreateRayClusterOperator")
         return recorded
 
     def cluster_reference(self, name: str, namespace: str, tpu: dict[str, Any] | None) -> dict[str, Any]:

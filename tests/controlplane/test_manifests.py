@@ -61,7 +61,7 @@ HEAD_FRAGMENT = {
 }
 
 SHAPES = {
-    "v6e-4x4x2-spot": dict(tpu=TpuSlice("v6e", "4x4", num_slices=2, spot=True)),
+    "v6e-4x4x2-spot": dict(tpu=TpuSlice("v6e", "4x4", num_slices=2, capacity="spot")),
     "v5e-2x4-4chips": dict(tpu=TpuSlice("v5e", "2x4", chips_per_host=4)),
     "v4-2x2x2": dict(tpu=TpuSlice("v4", "2x2x2")),
     "v5p-4x4x4": dict(tpu=TpuSlice("v5p", "4x4x4", num_slices=2)),
@@ -75,7 +75,7 @@ SHAPES = {
             head_resources={"cpu": "4", "memory": "16Gi"}, worker_resources={"cpu": "100", "memory": "400Gi"},
         ),
     ),
-    "v5p-2x2x1-fragments": dict(tpu=TpuSlice("v5p", "2x2x1", num_slices=3, spot=True),
+    "v5p-2x2x1-fragments": dict(tpu=TpuSlice("v5p", "2x2x1", num_slices=3, capacity="spot"),
                                 options=RayClusterOptions(worker_pod_template=WORKER_FRAGMENT)),
 }
 

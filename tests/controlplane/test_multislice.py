@@ -288,7 +288,7 @@ def test_elastic_slices_train_on_the_slice_left_and_grow_back(
                      trained_on_one_slice(gcs, "multislice/elastic/"))
     loss.start()
     dag = train_dag("k8s_multislice_elastic", cluster, f"gs://{BUCKET}/multislice/elastic", tmp_path,
-                    more="num_slices=(1, 2), resize_interval=2,", total_steps=ELASTIC_STEPS, checkpoint_every=50,
+                    more="elastic_slices=(1, 2), resize_interval=2,", total_steps=ELASTIC_STEPS, checkpoint_every=50,
                     step_seconds=0.2)
     outcome = run_dag(airflow_home, dag, "k8s_multislice_elastic")
     loss.join(60)

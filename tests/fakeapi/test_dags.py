@@ -28,11 +28,11 @@ from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
 with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1),
          default_args={{"retries": 2, "retry_delay": 0}},
          params={{"accelerator": Param("v6e"), "topology": Param("4x4"), "slices": Param("1"),
-                 "spot": Param("false")}}):
+                 "capacity": Param("on-demand")}}):
     create = CreateRayClusterOperator(
         task_id="create_cluster", cluster_name="nightly_train",
         accelerator="{{{{ params.accelerator }}}}", topology="{{{{ params.topology }}}}",
-        num_slices="{{{{ params.slices }}}}", spot="{{{{ params.spot }}}}",
+        num_slices="{{{{ params.slices }}}}", capacity="{{{{ params.capacity }}}}",
     )
     cluster = "{{{{ ti.xcom_pull('create_cluster')['cluster_name'] }}}}"
     ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=cluster, timeout=60, poke_interval=1)
@@ -46,7 +46,7 @@ def test_create_ready_delete_with_ui_string_params(airflow_home: Path, connectio
     # Slow enough that the sensor defers and the trigger's watch sees the hosts come up.
     with KubeRayReactor(kube, delay=2.0, stagger=0.05):
         outcome = run_dag(airflow_home, LIFECYCLE.format(dag_id="lifecycle"), "lifecycle",
-                          conf={"accelerator": "TPU-V6E", "topology": "4x4", "slices": "2", "spot": "false"})
+                          conf={"accelerator": "TPU-V6E", "topology": "4x4", "slices": "2", "capacity": "on-demand"})
     assert {task: o.state for task, o in outcome.items()} == {
         "create_cluster": "success", "wait_ready": "success", "delete_cluster": "success"}
     reference = outcome["create_cluster"].result
@@ -54,7 +54,7 @@ def test_create_ready_delete_with_ui_string_params(airflow_home: Path, connectio
         "cluster_name": "nightly-train",
         "namespace": NAMESPACE,
         "raytpu_conn_id": "raytpu_default",
-        "tpu": {"accelerator": "v6e", "topology": "4x4", "num_slices": 2, "spot": False, "chips_per_host": None,
+        "tpu": {"accelerator": "v6e", "topology": "4x4", "num_slices": 2, "chips_per_host": None,
                 "capacity": "on-demand"},
         "dashboard_url": f"{kube.url}/api/v1/namespaces/{NAMESPACE}/services/nightly-train-head-svc:dashboard/proxy",
     }
@@ -106,7 +106,7 @@ def test_a_teardown_waits_for_the_pods_and_says_so(request: pytest.FixtureReques
 
 def test_bad_slice_fails_before_any_api_call(airflow_home: Path, connections: None, kube: FakeKubeApiServer) -> None:
     outcome = run_dag(airflow_home, LIFECYCLE.format(dag_id="bad_slice"), "bad_slice",
-                      conf={"accelerator": "v6e", "topology": "16", "slices": "1", "spot": "false"})
+                      conf={"accelerator": "v6e", "topology": "16", "slices": "1", "capacity": "on-demand"})
     # Bad input is not retried (retries=2 in the DAG), and nothing reached the API server.
     assert (outcome["create_cluster"].state, outcome["create_cluster"].try_number) == ("failed", 1)
     assert kube.count("POST") == 0
@@ -418,6 +418,30 @@ def test_a_templated_output_over_its_input_fails_before_any_job_is_submitted(
     assert kube.count("GET", r"/proxy/") == kube.count("POST", r"/proxy/") == 0, "nothing reached the dashboard"
 
 
+TRAIN_ON_SPOT = '''
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
+from airflow_provider_raytpu.operators.jax_trainer import JaxTrainerOperator
+
+with DAG("train_on_spot", schedule=None, start_date=datetime(2026, 1, 1), default_args={"retries": 2}):
+    create = CreateRayClusterOperator(task_id="create_cluster", accelerator="v6e", topology="2x2")
+    JaxTrainerOperator(task_id="train", cluster=create.output, train_loop="pipeline.train:loop",
+                       checkpoint_uri="gs://b/ckpt", topology="2x2", capacity="spot")
+'''
+
+
+def test_a_training_task_stating_spot_on_an_on_demand_cluster_fails_before_any_job_is_submitted(
+        airflow_home: Path, connections: None, kube: FakeKubeApiServer, kuberay: KubeRayReactor,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    outcome = run_dag(airflow_home, TRAIN_ON_SPOT, "train_on_spot")
+    assert outcome["create_cluster"].state == "success"
+    assert (outcome["train"].state, outcome["train"].try_number) == ("failed", 1), "bad input is not retried"
+    assert (f"capacity='spot': disagrees with RayCluster {NAMESPACE}/train-on-spot-create-cluster-"
+            ) in capfd.readouterr().out
+    assert kube.count("GET", r"/proxy/") == kube.count("POST", r"/proxy/") == 0, "nothing reached the dashboard"
+
+
 def test_an_expired_cluster_running_a_ray_job_is_kept_until_the_job_ends(
         airflow_home: Path, connections: None, kube: FakeKubeApiServer, capfd: pytest.CaptureFixture[str]) -> None:
     from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
@@ -476,7 +500,7 @@ def test_a_templated_shape_gke_does_not_offer_fails_on_gke_and_warns_on_kubernet
         airflow_home: Path, connections: None, kube: FakeKubeApiServer, kuberay: KubeRayReactor,
         monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     """Ray's table has v6e 2x8; GKE makes no node pool of it. On kubernetes (TPU nodes of your own) it is used."""
-    conf = {"accelerator": "v6e", "topology": "2x8", "slices": "1", "spot": "false"}
+    conf = {"accelerator": "v6e", "topology": "2x8", "slices": "1", "capacity": "on-demand"}
     outcome = run_dag(airflow_home, LIFECYCLE.format(dag_id="own_2x8"), "own_2x8", conf=conf)
     assert outcome["create_cluster"].state == "success"
     assert ("v6e 2x8 is not a slice shape GKE offers (a node pool of it cannot be created, and its pods would stay "

@@ -45,7 +45,7 @@ def test_deploy_creates_and_the_same_version_again_is_a_no_op(airflow_home: Path
         "raytpu_conn_id": "raytpu_default",
         "version": "gs://b/ckpt-1",
         "previous_version": None,
-        "tpu": {"accelerator": "v6e", "topology": "4x4", "num_slices": 1, "spot": False, "chips_per_host": None,
+        "tpu": {"accelerator": "v6e", "topology": "4x4", "num_slices": 1, "chips_per_host": None,
                 "capacity": "on-demand"},
         "serve_url": f"{kube.url}/api/v1/namespaces/{NAMESPACE}/services/chat-serve-svc:serve/proxy",
     }

@@ -130,10 +130,12 @@ def test_bad_values_name_the_field_the_value_and_the_forms(given: object, says: 
 
 
 def test_spot_true_is_spot_capacity_and_disagreeing_with_capacity_is_an_error() -> None:
-    assert TpuSlice("v6e", "4x4", spot="true") == TpuSlice("v6e", "4x4", capacity="spot")
+    with pytest.warns(DeprecationWarning, match="write capacity='spot'"):
+        assert TpuSlice("v6e", "4x4", spot="true") == TpuSlice("v6e", "4x4", capacity="spot")
     assert TpuSlice("v6e", "4x4", capacity="spot").spot is True
     with pytest.raises(InvalidInputError, match=r"spot/capacity=\(True, 'flex-start'\): ask for spot and for "
-                                                r"flex-start at once. Write capacity='flex-start' alone"):
+                                                r"flex-start at once. Write capacity='flex-start' alone"), \
+            pytest.warns(DeprecationWarning):
         TpuSlice("v6e", "4x4", spot=True, capacity="flex-start")
 
 

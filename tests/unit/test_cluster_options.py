@@ -59,7 +59,7 @@ def test_objects_of_release_0_1_are_adopted() -> None:
     from airflow_provider_raytpu.backends.apply import same_service, same_spec
     from airflow_provider_raytpu.manifests.raycluster import ALSO_ADOPTS_ANNOTATION
 
-    two_spot = TpuSlice("v6e", "4x4", num_slices=2, spot=True)
+    two_spot = TpuSlice("v6e", "4x4", num_slices=2, capacity="spot")
     manifests = [
         build_ray_cluster(name="nightly", namespace="ml", tpu=TpuSlice("v6e", "4x4")),
         build_ray_cluster(name="nightly", namespace="ml", tpu=two_spot, options=EVERY_OPTION, origin=ORIGIN,
@@ -81,7 +81,7 @@ def test_objects_of_release_0_1_are_adopted() -> None:
 
 
 def test_spec_hashes_are_pinned_for_fixed_inputs() -> None:
-    two_spot = TpuSlice("v6e", "4x4", num_slices=2, spot=True)
+    two_spot = TpuSlice("v6e", "4x4", num_slices=2, capacity="spot")
     assert spec_hash_of(build_ray_cluster(name="nightly", namespace="ml", tpu=TpuSlice("v6e", "4x4"))) == (
         "ce4340ebb252614c")
     assert spec_hash_of(build_ray_cluster(name="nightly", namespace="ml", tpu=two_spot, options=EVERY_OPTION,

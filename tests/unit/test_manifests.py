@@ -39,7 +39,7 @@ def worker_group(manifest: dict) -> dict:
 
 SHAPES = [
     TpuSlice("v6e", "4x4", num_slices=2),
-    TpuSlice("v6e", "2x4", chips_per_host=4, spot=True),
+    TpuSlice("v6e", "2x4", chips_per_host=4, capacity="spot"),
     TpuSlice("v5e", "1x1"),
     TpuSlice("v4", "2x2x2"),
     TpuSlice("v5p", "4x4x4", num_slices=4),
@@ -90,7 +90,7 @@ def test_worker_group_follows_the_slice() -> None:
 
 
 def test_spot_selects_spot_nodes_and_tolerates_their_taint() -> None:
-    spec = worker_group(cluster(tpu=TpuSlice("v6e", "4x4", spot=True)))["template"]["spec"]
+    spec = worker_group(cluster(tpu=TpuSlice("v6e", "4x4", capacity="spot")))["template"]["spec"]
     assert spec["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
     assert any(t["key"] == "cloud.google.com/gke-spot" for t in spec["tolerations"])
 

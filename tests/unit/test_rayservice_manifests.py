@@ -69,7 +69,7 @@ def serve_config(manifest: dict) -> dict:
 # -- rendering --------------------------------------------------------------------------------
 
 
-SHAPES = [TpuSlice("v6e", "4x4"), TpuSlice("v6e", "2x4", chips_per_host=4, spot=True), TpuSlice("v5e", "1x1"),
+SHAPES = [TpuSlice("v6e", "4x4"), TpuSlice("v6e", "2x4", chips_per_host=4, capacity="spot"), TpuSlice("v5e", "1x1"),
           TpuSlice("v4", "2x2x2"), TpuSlice("v5p", "4x4x4", num_slices=2), TpuSlice("v7x", "2x2x1")]
 
 

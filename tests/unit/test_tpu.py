@@ -52,7 +52,7 @@ def test_generation_names_as_users_write_them(given: str, canonical: str) -> Non
 
 
 def test_v6e_4x4_two_slices() -> None:
-    s = TpuSlice("v6e", "4x4", num_slices=2, spot=True)
+    s = TpuSlice("v6e", "4x4", num_slices=2, capacity="spot")
     assert (s.chips_per_slice, s.total_chips, s.host_chips, s.hosts_per_slice, s.total_hosts) == (16, 32, 4, 4, 8)
     assert s.pod_type == "v6e-16"
     assert s.head_resource == "TPU-v6e-16-head"
@@ -85,14 +85,15 @@ def test_single_host_shapes_and_chips_per_host_override() -> None:
 def test_strings_from_rendered_templates_are_parsed() -> None:
     s = TpuSlice("v6e", "4x4", num_slices="2", spot="false", chips_per_host="4")
     assert (s.num_slices, s.spot, s.chips_per_host) == (2, False, 4)
-    assert TpuSlice("v6e", "4x4", spot="True").spot is True
+    with pytest.warns(DeprecationWarning, match="TpuSlice\\(spot=True\\) is deprecated: write capacity='spot'"):
+        assert TpuSlice("v6e", "4x4", spot="True").capacity.kind == "spot"
 
 
 def test_json_round_trip() -> None:
-    s = TpuSlice("TPU-V6E", "4x4", num_slices="2", spot="true")
+    s = TpuSlice("TPU-V6E", "4x4", num_slices="2", capacity="spot")
     data = json.loads(json.dumps(s.to_dict()))
     assert TpuSlice.from_dict(data) == s
-    assert data == {"accelerator": "v6e", "topology": "4x4", "num_slices": 2, "spot": True, "chips_per_host": None,
+    assert data == {"accelerator": "v6e", "topology": "4x4", "num_slices": 2, "chips_per_host": None,
                     "capacity": "spot"}
 
 
