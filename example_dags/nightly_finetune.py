@@ -105,7 +105,7 @@ with DAG(
             }
         ],
         # Locally the Serve replicas import `pipeline` from here; on GKE bake it into the image.
-        env={"PYTHONPATH": str(EXAMPLES)},
+        cluster_options={"env": {"PYTHONPATH": str(EXAMPLES)}},
     )
     serving = RayServiceRunningSensor(
         task_id="wait_serving",

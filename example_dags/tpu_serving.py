@@ -58,7 +58,7 @@ with DAG(
         chips_per_host=4,  # two 4-chip hosts: a multi-host slice
         version="{{ params.version }}",
         rollback="{{ params.rollback }}",
-        env={"PYTHONPATH": EXAMPLES_DIR},
+        cluster_options={"env": {"PYTHONPATH": EXAMPLES_DIR}},
     )
     wait = RayServiceRunningSensor(
         task_id="wait_running",
@@ -100,7 +100,7 @@ with DAG(
         accelerator="v6e",
         topology="4x4",
         version="{{ params.checkpoint }}",
-        image="rayproject/ray-llm:2.60.0-py311-tpu",
+        cluster_options={"image": "rayproject/ray-llm:2.60.0-py311-tpu"},
     )
     wait_llm = RayServiceRunningSensor(
         task_id="wait_running",

@@ -28,7 +28,7 @@ class RayClusterOptions:
     """The image, resources, environment and pod settings of a RayCluster's head and TPU hosts.
 
     The slice shape is not here: it is the operators' ``accelerator``, ``topology``,
-    ``num_slices``, ``spot`` and ``chips_per_host``. Given to an operator, every field is
+    ``num_slices``, ``chips_per_host`` and ``capacity``. Given to an operator, every field is
     templated, also inside mappings.
 
     :param image: the Ray image for head and TPU hosts (a ``-tpu`` image on GKE).

@@ -12,7 +12,7 @@ from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER
 from airflow_provider_raytpu.backends.base import Applied, ChangedSinceChecked, Precondition
 from airflow_provider_raytpu.capacity import Capacity
 from airflow_provider_raytpu.manifests.names import RAY_CLUSTER_NAME_LIMIT, check_queue_name, owned_name
-from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
+from airflow_provider_raytpu.manifests.options import RayClusterOptions
 from airflow_provider_raytpu.manifests.raycluster import (
     EXPIRES_AT_ANNOTATION,
     MANAGED_BY,
@@ -27,6 +27,7 @@ from airflow_provider_raytpu.status.usage import USAGE_XCOM_KEY, describe_usage,
 from airflow_provider_raytpu.tasks.base import (
     ClusterTaskMixin,
     check_literal,
+    cluster_options_of,
     fail_fast,
     is_templated,
     map_index_of,
@@ -91,8 +92,8 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
     :param cluster_options: image, resources, env, ray start flags, service account, labels,
         annotations and pod-template fragments: a
         :class:`~airflow_provider_raytpu.manifests.options.RayClusterOptions` or a dict of
-        its fields, every field templated. Each field can also be given as a keyword
-        argument of its own (``image=...``, ``env=...``), but not both ways.
+        its fields, every field templated. A field given as a keyword argument of its own
+        (``image=...``, the older spelling) still counts, and warns.
     :param max_lifetime: after this (a ``timedelta``, or seconds), :class:`DeleteExpiredRayClustersOperator`
         deletes the cluster, unless a Ray job or its DAG run is still running; adopting the cluster (a
         retry, a Clear) renews it from then. A flex-start slice's max run duration bounds it.
@@ -134,7 +135,7 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
         queue_name: str | None = None,
         **kwargs: Any,
     ) -> None:
-        options = take_cluster_options(cluster_options, kwargs)
+        options = cluster_options_of(cluster_options, kwargs)
         check_literal(queue_name, check_queue_name)
         warn_spot(spot)
         stated = SliceFields(accelerator=accelerator, topology=topology, num_slices=num_slices,

@@ -11,7 +11,7 @@ from airflow_provider_raytpu.backends.apply import SERVICE_OWNER, annotations_of
 from airflow_provider_raytpu.backends.base import Applied, Precondition
 from airflow_provider_raytpu.errors import ConflictError, InvalidInputError
 from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, owned_name
-from airflow_provider_raytpu.manifests.options import RayClusterOptions, take_cluster_options
+from airflow_provider_raytpu.manifests.options import RayClusterOptions
 from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, DEPLOYMENT_KEY, AirflowOrigin, tpu_slice_of
 from airflow_provider_raytpu.manifests.rayservice import (
     UPDATE_ANNOTATION,
@@ -29,6 +29,7 @@ from airflow_provider_raytpu.tasks.base import (
     CONN_KEY,
     ServiceTaskMixin,
     check_literal,
+    cluster_options_of,
     fail_fast,
     map_index_of,
     origin_of,
@@ -128,8 +129,8 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
     :param cluster_options: the serving cluster's image, resources, env, ray start flags,
         service account and pod-template fragments, and the RayService's labels and
         annotations: a :class:`~airflow_provider_raytpu.manifests.options.RayClusterOptions`
-        or a dict of its fields, every field templated. Each field can also be given as a
-        keyword argument of its own (``image=...``, ``env=...``), but not both ways.
+        or a dict of its fields, every field templated. A field given as a keyword argument
+        of its own (``image=...``, the older spelling) still counts, and warns.
     :param cluster_deletion_delay_seconds: how long KubeRay keeps the old cluster after a switch.
     """
 
@@ -171,7 +172,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         cluster_deletion_delay_seconds: int | None = None,
         **kwargs: Any,
     ) -> None:
-        options = take_cluster_options(cluster_options, kwargs)
+        options = cluster_options_of(cluster_options, kwargs)
         warn_spot(spot)
         SliceFields(accelerator=accelerator, topology=topology, num_slices=num_slices, chips_per_host=chips_per_host,
                     capacity=capacity, spot=spot).check_literal()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ from airflow_provider_raytpu.manifests.names import (
     check_namespace,
     resource_name,
 )
+from airflow_provider_raytpu.manifests.options import OPTION_NAMES, RayClusterOptions, take_cluster_options
 from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin, tpu_slice_of
 from airflow_provider_raytpu.status.run_report import TASK_SPAN_XCOM_KEY
 from airflow_provider_raytpu.tpu import TpuSlice
@@ -68,6 +69,20 @@ def sensor_poke_interval(poke_interval: float | timedelta | None, poll_interval:
         raise InvalidInputError("poll_interval", poll_interval, f"is given with poke_interval={poke_interval!r}",
                                 "Give only poke_interval (poll_interval is its deprecated name)")
     return poll_interval
+
+
+def cluster_options_of(cluster_options: RayClusterOptions | Mapping[str, Any] | str | None,
+                       arguments: MutableMapping[str, Any]) -> dict[str, Any] | str:
+    """A create or deploy task's ``cluster_options``; options given one by one as keyword arguments (the
+    deprecated spelling) still count, moved in, with a warning naming them.
+
+    :param arguments: the task's other keyword arguments; the option names are removed.
+    """
+    if flat := [name for name in OPTION_NAMES if name in arguments]:
+        warnings.warn(f"Cluster options as keyword arguments ({', '.join(flat)}) are deprecated: give them in "
+                      f"cluster_options, e.g. cluster_options={{{flat[0]!r}: ...}}",
+                      AirflowProviderDeprecationWarning, stacklevel=3)
+    return take_cluster_options(cluster_options, arguments)
 
 
 def is_templated(value: Any) -> bool:

@@ -69,7 +69,7 @@ report_result({"nodes": len(ray.nodes()), "cpus": ray.cluster_resources().get("C
 with DAG("k8s_ray_head_job", schedule=None, start_date=datetime(2026, 1, 1), default_args={"retries": 0}):
     create = CreateRayClusterOperator(
         task_id="create_cluster", cluster_name="real-head", accelerator="v4", topology="2x2x2",
-        head_pod_template={"spec": {"nodeSelector": {"cloud.google.com/gke-nodepool": HEAD_POOL}}})
+        cluster_options={"head_pod_template": {"spec": {"nodeSelector": {"cloud.google.com/gke-nodepool": HEAD_POOL}}}})
     ready = RayClusterReadySensor(task_id="wait_ready", cluster_name="real-head", timeout=240, poke_interval=1)
     job = SubmitRayJobOperator(task_id="job", cluster_name="real-head", entrypoint=["python", "-c", CODE],
                                deferrable=True, poll_interval=0.5)
@@ -119,8 +119,9 @@ APPS = [{"name": "tiny", "import_path": "serving.model:build_app", "route_prefix
 with DAG("k8s_ray_head_service", schedule=None, start_date=datetime(2026, 1, 1), default_args={"retries": 0}):
     deploy = DeployRayServiceOperator(
         task_id="deploy", service_name="tiny", applications=APPS, accelerator="v4", topology="2x2x2",
-        version="v1", env={"PYTHONPATH": EXAMPLES},
-        head_pod_template={"spec": {"nodeSelector": {"cloud.google.com/gke-nodepool": HEAD_POOL}}})
+        version="v1", cluster_options={
+            "env": {"PYTHONPATH": EXAMPLES},
+            "head_pod_template": {"spec": {"nodeSelector": {"cloud.google.com/gke-nodepool": HEAD_POOL}}}})
     wait = RayServiceRunningSensor(
         task_id="wait_running", service_name="tiny", version="v1", timeout=300, poke_interval=1,
         smoke_request={"path": "/", "method": "POST", "json": {"inputs": [[0.1, 0.2, 0.3, 0.4]]}})

@@ -314,24 +314,25 @@ def test_expiry_never_kills_live_work(airflow_home: Path, connections: None, kub
 OPTIONS = '''
 from datetime import datetime
 from airflow.sdk import DAG, Param
-from airflow_provider_raytpu.manifests.options import RayClusterOptions
 from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
 
 with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), default_args={{"retries": 2, "retry_delay": 0}},
          params={{"image": Param("rayproject/ray:2.60.0-py311-tpu"), "worker_cpu": Param("8"), "team": Param("ml")}}):
     CreateRayClusterOperator(
         task_id="create_cluster", cluster_name="options", accelerator="v6e", topology="2x4",
-        image="{{{{ params.image }}}}",
-        worker_resources={worker_resources},
-        head_ray_start_params={{"num-cpus": "{{{{ params.worker_cpu | int - 8 }}}}"}},
-        cluster_options=RayClusterOptions(labels={{"team": "{{{{ params.team }}}}"}},
-                                          env={{"RUN": "{{{{ run_id }}}}"}}),
+        cluster_options={{
+            "image": "{{{{ params.image }}}}",
+            "worker_resources": {worker_resources},
+            "head_ray_start_params": {{"num-cpus": "{{{{ params.worker_cpu | int - 8 }}}}"}},
+            "labels": {{"team": "{{{{ params.team }}}}"}},
+            "env": {{"RUN": "{{{{ run_id }}}}"}},
+        }},
     )
 '''
 
 
 def test_params_choose_the_cluster_options(airflow_home: Path, connections: None, kube: FakeKubeApiServer) -> None:
-    """Every cluster option is templated, inside mappings too, whether given flat or in cluster_options."""
+    """Every cluster option is templated, inside mappings too."""
     from airflow_provider_raytpu.manifests.options import RayClusterOptions
     from airflow_provider_raytpu.manifests.raycluster import SPEC_HASH_ANNOTATION, build_ray_cluster
     from airflow_provider_raytpu.tpu import TpuSlice

@@ -148,7 +148,7 @@ def test_params_choose_the_serving_cluster_options(airflow_home: Path, connectio
     from airflow_provider_raytpu.manifests.options import RayClusterOptions
     from airflow_provider_raytpu.manifests.raycluster import SPEC_HASH_ANNOTATION
 
-    options = ("image='{{ params.image }}', cluster_options={'worker_resources': {'cpu': '{{ params.worker_cpu }}', "
+    options = ("cluster_options={'image': '{{ params.image }}', 'worker_resources': {'cpu': '{{ params.worker_cpu }}', "
                "'memory': '64Gi'}, 'labels': {'team': '{{ params.team }}'}}")
     source = dag("serve_options", deploy=options).replace(
         "params={'version': 'gs://b/ckpt-1'}",

@@ -158,13 +158,14 @@ def test_a_reserved_key_written_literally_fails_when_the_dag_is_parsed() -> None
 
     with pytest.raises(InvalidInputError, match="Write annotations of your own"):
         CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="2x2",
-                                 annotations={"raytpu.dev/also-adopts": "[]"})
+                                 cluster_options={"annotations": {"raytpu.dev/also-adopts": "[]"}})
     kept = RayClusterOptions(labels={"kueue.x-k8s.io/queue-name": "tpu", "team": "ml"},
                              annotations={"example.com/note": "ray.io/x"})  # Kueue's and others' keys are the user's
     assert kept.labels == {"kueue.x-k8s.io/queue-name": "tpu", "team": "ml"}
 
 
-def test_both_operators_take_the_options_flat_or_as_one_value() -> None:
+def test_both_operators_take_the_options_as_one_value_and_the_older_flat_spelling_warns() -> None:
+    from airflow.exceptions import AirflowProviderDeprecationWarning
     from airflow.sdk import DAG
 
     from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
@@ -173,17 +174,21 @@ def test_both_operators_take_the_options_flat_or_as_one_value() -> None:
     slice_args = {"accelerator": "v6e", "topology": "4x4"}
     service_args = {**slice_args, "applications": [LLM_APP], "version": "v1"}
     with DAG("options", schedule=None, default_args={"cluster_options": {"labels": {"team": "ml"}}}):
-        flat = CreateRayClusterOperator(task_id="flat", image="ray:x", env={"A": "{{ run_id }}"}, **slice_args)
+        with pytest.warns(AirflowProviderDeprecationWarning, match=r"Cluster options as keyword arguments \(image, "
+                          r"env\) are deprecated: give them in cluster_options, e.g. cluster_options=\{'image': ...\}"):
+            flat = CreateRayClusterOperator(task_id="flat", image="ray:x", env={"A": "{{ run_id }}"}, **slice_args)
         whole = CreateRayClusterOperator(task_id="whole", cluster_options=RayClusterOptions(
             image="ray:x", env={"A": "{{ run_id }}"}), **slice_args)
-        deploy = DeployRayServiceOperator(task_id="deploy", worker_resources={"cpu": "{{ params.cpu }}"},
+        with pytest.warns(AirflowProviderDeprecationWarning, match=r"\(worker_resources\) are deprecated"):
+            deploy = DeployRayServiceOperator(task_id="deploy", worker_resources={"cpu": "{{ params.cpu }}"},
+                                              **service_args)
+        canary = DeployRayServiceOperator(task_id="canary", cluster_options={"service_account_name": "ray-ksa"},
                                           **service_args)
-        canary = DeployRayServiceOperator(task_id="canary", service_account_name="ray-ksa", **service_args)
     # default_args give cluster_options (not flat option names: they are not __init__ parameters).
     assert flat.cluster_options == {"labels": {"team": "ml"}, "image": "ray:x", "env": {"A": "{{ run_id }}"}}
     assert whole.cluster_options == {"image": "ray:x", "env": {"A": "{{ run_id }}"}}
     assert deploy.cluster_options == {"labels": {"team": "ml"}, "worker_resources": {"cpu": "{{ params.cpu }}"}}
-    assert canary.cluster_options == {"labels": {"team": "ml"}, "service_account_name": "ray-ksa"}
+    assert canary.cluster_options == {"service_account_name": "ray-ksa"}, "a task's own value replaces default_args'"
     for operator in (flat, deploy):
         assert "cluster_options" in operator.template_fields
         assert not set(OPTION_NAMES) & set(operator.template_fields), "one rule: the options are templated as one"

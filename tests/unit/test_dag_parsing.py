@@ -180,12 +180,14 @@ JOB = "cluster_name='c', "
 @pytest.mark.parametrize(("operator", "said"), [
     ("CreateRayClusterOperator(task_id='t', accelerator='v6e', topology='2x2', num_slices=100000)",
      "num_slices=100000: is more than 256"),
-    ("CreateRayClusterOperator(task_id='t', accelerator='v6e', topology='2x2', labels={'team': 'ml platform'})",
+    ("CreateRayClusterOperator(task_id='t', accelerator='v6e', topology='2x2', "
+     "cluster_options={'labels': {'team': 'ml platform'}})",
      "labels['team']='ml platform': is not a label value"),
-    ("CreateRayClusterOperator(task_id='t', accelerator='v6e', topology='2x2', env={'A': None})",
+    ("CreateRayClusterOperator(task_id='t', accelerator='v6e', topology='2x2', "
+     "cluster_options={'env': {'A': None}})",
      "env['A']=None: is not a string (or a number)"),
     ("DeployRayServiceOperator(task_id='t', applications=APPS, version='v1', accelerator='v6e', topology='2x2', "
-     "annotations={'Not A Key': 'x'})", "annotations['Not A Key']='x': has a name part"),
+     "cluster_options={'annotations': {'Not A Key': 'x'}})", "annotations['Not A Key']='x': has a name part"),
     ("JaxTrainerOperator(task_id='t', " + JOB + "train_loop='nocolon', checkpoint_uri='gs://b/c')",
      "train_loop='nocolon': is not an import path. Write 'package.module:name'"),
     ("JaxTrainerOperator(task_id='t', " + JOB + "train_loop='m:f', checkpoint_uri='')",
@@ -196,7 +198,8 @@ JOB = "cluster_name='c', "
      "train_loop='not.a.module:fn': is not an import path. Write 'package.module:name'"),
     ("JaxTrainerOperator(task_id='t', " + JOB + "train_loop='mod:1fn', checkpoint_uri='gs://b/c')",
      "train_loop='mod:1fn': is not an import path"),
-    ("CreateRayClusterOperator(task_id='t', accelerator='v6e', topology='2x2', env={'A=B': 'x'})",
+    ("CreateRayClusterOperator(task_id='t', accelerator='v6e', topology='2x2', "
+     "cluster_options={'env': {'A=B': 'x'}})",
      "env='A=B': is not an environment variable name"),
     ("CreateRayClusterOperator(task_id='t', accelerator='v6e', topology='2x2', max_lifetime=float('nan'))",
      "max_lifetime=nan: is not a finite number of seconds (at most 100 years). Give e.g. timedelta(hours=24)"),
@@ -245,7 +248,8 @@ def test_templated_values_of_those_fields_parse(tmp_path: Path) -> None:
         from airflow_provider_raytpu.operators.ray_job import SubmitRayJobOperator
         with DAG("late_ok", schedule=None, start_date=datetime(2026, 1, 1), params={"team": "ml"}):
             CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="2x2",
-                                     labels={"team": "{{ params.team }}"}, env={"RUN": "{{ run_id }}"})
+                                     cluster_options={"labels": {"team": "{{ params.team }}"},
+                                                      "env": {"RUN": "{{ run_id }}"}})
             SubmitRayJobOperator(task_id="job", cluster_name="c", entrypoint="{{ params.team }}")
     ''')
     assert not bag.import_errors

@@ -46,7 +46,7 @@ with DAG(
         task_id="create_cluster",
         accelerator="{{ params.accelerator }}",
         topology="{{ params.topology }}",
-        env={"RAYTPU_TEST_HOST_GATE": "{{ params.host_gate }}"},
+        cluster_options={"env": {"RAYTPU_TEST_HOST_GATE": "{{ params.host_gate }}"}},
     )
     ready = RayClusterReadySensor(
         task_id="wait_ready", cluster_name=CLUSTER, deferrable=True, timeout=600, poke_interval=1

@@ -31,7 +31,7 @@ with DAG(
         task_id="create_cluster",
         accelerator="v4",
         topology="2x2x1",
-        env={"RAYTPU_TEST_CLUSTER_GATE": "{{ params.cluster_gate }}"},
+        cluster_options={"env": {"RAYTPU_TEST_CLUSTER_GATE": "{{ params.cluster_gate }}"}},
     )
     ready = RayClusterReadySensor(task_id="wait_ready", cluster_name=CLUSTER, timeout=600, poke_interval=1)
     train = JaxTrainerOperator(
