@@ -10,7 +10,8 @@ from typing import Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
 
-__all__ = ["check_prices", "parse_bool", "parse_duration", "parse_int", "parse_optional_int", "parse_slice_range"]
+__all__ = ["check_prices", "duration_seconds", "parse_bool", "parse_duration", "parse_int", "parse_optional_int",
+           "parse_slice_range"]
 
 
 def parse_int(value: Any, field: str, *, minimum: int = 1, example: int = 2, maximum: int | None = None,
@@ -46,11 +47,13 @@ def parse_optional_int(value: Any, field: str, *, example: int) -> int | None:
 MAX_SECONDS = 100 * 365 * 24 * 3600
 
 
-def parse_duration(value: Any, field: str, *, example: str, why_positive: str = "") -> timedelta:
+def parse_duration(value: Any, field: str, *, example: str, why_positive: str = "",
+                   allow_zero: bool = False) -> timedelta:
     """A duration given as a ``timedelta`` or a number of seconds (a template's ``"600"`` too), more than zero.
 
     :param example: a value to suggest, e.g. ``"timedelta(minutes=20)"``.
     :param why_positive: what zero or less would mean, for the error.
+    :param allow_zero: zero is a duration too (no grace, no wait).
     """
     if isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", value):
         value = float(value)
@@ -62,9 +65,18 @@ def parse_duration(value: Any, field: str, *, example: str, why_positive: str = 
     if not isinstance(value, timedelta):
         raise InvalidInputError(field, value, "is not a duration",
                                 f"Give a timedelta, e.g. {example}, or a number of seconds")
-    if value <= timedelta(0):
-        raise InvalidInputError(field, value, f"is not longer than zero{why_positive}", f"Give e.g. {example}")
+    if value < timedelta(0) or (value == timedelta(0) and not allow_zero):
+        shorter = "shorter than zero" if allow_zero else "not longer than zero"
+        raise InvalidInputError(field, value, f"is {shorter}{why_positive}", f"Give e.g. {example}")
     return value
+
+
+def duration_seconds(value: Any, field: str, *, example: str, allow_zero: bool = False) -> float:
+    """A task's duration parameter, a ``timedelta`` or a number of seconds, in seconds.
+
+    :raises InvalidInputError: naming the field, the value and an example.
+    """
+    return parse_duration(value, field, example=example, allow_zero=allow_zero).total_seconds()
 
 
 def parse_bool(value: Any, field: str) -> bool:

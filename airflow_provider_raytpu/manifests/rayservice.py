@@ -174,7 +174,7 @@ def build_ray_service(
     serve_options: Mapping[str, Any] | None = None,
     options: RayClusterOptions = DEFAULT_CLUSTER_OPTIONS,
     origin: AirflowOrigin | None = None,
-    cluster_deletion_delay_seconds: int | None = None,
+    cluster_deletion_delay_seconds: float | None = None,
     history_limit: int = HISTORY_LIMIT,
 ) -> dict[str, Any]:
     """Render a ray.io/v1 RayService serving ``applications`` at ``version`` on one slice shape.
@@ -220,7 +220,7 @@ def build_ray_service(
         "rayClusterConfig": cluster["spec"],
     }
     if cluster_deletion_delay_seconds is not None:
-        spec["rayClusterDeletionDelaySeconds"] = int(cluster_deletion_delay_seconds)
+        spec["rayClusterDeletionDelaySeconds"] = round(cluster_deletion_delay_seconds)
 
     if current is None:
         update = CREATED

@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.errors import InvalidInputError
@@ -31,6 +32,7 @@ from airflow_provider_raytpu.tasks.links import (
 )
 from airflow_provider_raytpu.tasks.slices import SLICE_FIELDS, SliceFields, elastic_range, warn_spot
 from airflow_provider_raytpu.tpu import TpuSlice
+from airflow_provider_raytpu.values import duration_seconds
 from airflow_provider_raytpu.workloads.progress import ATTEMPT_PREFIX, ATTEMPTS_SUBDIR, training_progress
 from airflow_provider_raytpu.workloads.run_record import ON_CONFIG_CHANGE
 from airflow_provider_raytpu.workloads.steps import profile_window
@@ -139,8 +141,8 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         run goes on, from its newest checkpoint, on the slices left (if ``min`` allows); once the slice is back
         it grows again. The global batch is per-worker batch x workers, so it changes with the slices. A range
         given as ``num_slices`` (the older spelling) still works, and warns.
-    :param resize_interval: with ``elastic_slices``, seconds between Ray Train's checks for more ready slices
-        (its ``elastic_resize_monitor_interval_s``).
+    :param resize_interval: with ``elastic_slices``, how long between Ray Train's checks for more ready slices
+        (its ``elastic_resize_monitor_interval_s``; a ``timedelta`` or seconds).
     :param resume_on_clear: after a user's Clear, resume the run the cleared task trained
         (its newest checkpoint) instead of starting a new run from step 0.
     :param on_config_change: what a retry or resumed Clear does when the run was started with another
@@ -179,7 +181,7 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         spot: bool | str = False,
         elastic_slices: tuple[int, int] | Sequence[int] | str | None = None,
         resume_on_clear: bool = False,
-        resize_interval: float = 60.0,
+        resize_interval: timedelta | float = 60.0,
         on_config_change: str = "fail",
         **kwargs: Any,
     ) -> None:
@@ -195,9 +197,6 @@ class JaxTrainerOperator(SubmitRayJobOperator):
             )
         if not is_templated((num_slices, elastic_slices)):
             num_slices, elastic_slices = elastic_range(num_slices, elastic_slices)
-        if isinstance(resize_interval, bool) or not isinstance(resize_interval, (int, float)) or resize_interval < 0:
-            raise InvalidInputError("resize_interval", resize_interval, "is not a number of seconds",
-                                    "Write e.g. 60 (Ray Train's default)")
         warn_spot(spot)
         SliceFields(accelerator=accelerator, topology=topology, num_slices=num_slices, chips_per_host=chips_per_host,
                     capacity=capacity, spot=spot).check_literal_parts()
@@ -221,7 +220,8 @@ class JaxTrainerOperator(SubmitRayJobOperator):
         self.spot = spot
         self.elastic_slices = elastic_slices
         self.resume_on_clear = resume_on_clear
-        self.resize_interval = resize_interval
+        self.resize_interval = duration_seconds(resize_interval, "resize_interval", example="60 (Ray Train's default)",
+                                                allow_zero=True)
         self.on_config_change = on_config_change
 
     def training_slices(self) -> tuple[TpuSlice, tuple[int, int] | None]:

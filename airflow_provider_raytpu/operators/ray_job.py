@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -35,6 +36,7 @@ from airflow_provider_raytpu.tasks.cluster_ready import ClusterReadyWait
 from airflow_provider_raytpu.tasks.job_tries import job_identity, same_cycle, stop_leftovers, will_be_retried
 from airflow_provider_raytpu.tasks.links import RayJobLink, dashboard_url, push_link
 from airflow_provider_raytpu.triggers.ray_job import RayJobTrigger, seal_secrets
+from airflow_provider_raytpu.values import duration_seconds
 from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, last_result
 
 if TYPE_CHECKING:
@@ -92,9 +94,9 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
     :param metadata: extra job metadata.
     :param deferrable: wait in the triggerer instead of a worker slot; default:
         ``[operators] default_deferrable``.
-    :param poll_interval: seconds between status polls.
-    :param cluster_ready_timeout: seconds to wait for a cluster that is not READY.
-    :param unreachable_grace_period: seconds the dashboard may be unreachable before the task gives up.
+    :param poll_interval: how long between status polls (a ``timedelta`` or seconds, as every duration here).
+    :param cluster_ready_timeout: how long to wait for a cluster that is not READY.
+    :param unreachable_grace_period: how long the dashboard may be unreachable before the task gives up.
     """
 
     template_fields: Sequence[str] = (
@@ -129,9 +131,9 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
         entrypoint_resources: Mapping[str, float] | None = None,
         metadata: Mapping[str, str] | None = None,
         deferrable: bool | None = None,
-        poll_interval: float = 2.0,
-        cluster_ready_timeout: float = 3600.0,
-        unreachable_grace_period: float = DEFAULT_UNREACHABLE_GRACE,
+        poll_interval: timedelta | float = 2.0,
+        cluster_ready_timeout: timedelta | float = 3600.0,
+        unreachable_grace_period: timedelta | float = DEFAULT_UNREACHABLE_GRACE,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -150,9 +152,11 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
         self.entrypoint_resources = entrypoint_resources
         self.metadata = metadata
         self.deferrable = default_deferrable() if deferrable is None else deferrable
-        self.poll_interval = poll_interval
-        self.cluster_ready_timeout = cluster_ready_timeout
-        self.unreachable_grace_period = unreachable_grace_period
+        self.poll_interval = duration_seconds(poll_interval, "poll_interval", example="2")
+        self.cluster_ready_timeout = duration_seconds(cluster_ready_timeout, "cluster_ready_timeout",
+                                                      example="timedelta(hours=1)")
+        self.unreachable_grace_period = duration_seconds(unreachable_grace_period, "unreachable_grace_period",
+                                                         example="120", allow_zero=True)
         self.submission_id: str | None = None
         #: The result of the job this task followed to success, when a mapping (what its lineage reports).
         self.job_result: Mapping[str, Any] = {}

@@ -3,36 +3,30 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_raytpu.backends.apply import SERVICE_OWNER, annotations_of, describe_owner, is_managed
-from airflow_provider_raytpu.backends.base import Applied, Precondition
-from airflow_provider_raytpu.errors import ConflictError, InvalidInputError
+from airflow_provider_raytpu.backends.apply import SERVICE_OWNER
+from airflow_provider_raytpu.backends.base import Precondition
 from airflow_provider_raytpu.manifests.names import RAY_SERVICE_NAME_LIMIT, owned_name
 from airflow_provider_raytpu.manifests.options import RayClusterOptions
-from airflow_provider_raytpu.manifests.raycluster import DAG_ID_KEY, DEPLOYMENT_KEY, AirflowOrigin, tpu_slice_of
 from airflow_provider_raytpu.manifests.rayservice import (
-    UPDATE_ANNOTATION,
     build_ray_service,
     check_upgrade_strategy,
     parse_version,
-    rolled_back_by,
-    rolled_back_service,
-    service_version,
     version_history,
 )
 from airflow_provider_raytpu.manifests.serveconfig import ServeApplication
-from airflow_provider_raytpu.progress import progress
 from airflow_provider_raytpu.tasks.base import (
-    CONN_KEY,
     ServiceTaskMixin,
     check_literal,
     cluster_options_of,
     fail_fast,
     map_index_of,
     origin_of,
+    take_renamed,
 )
 from airflow_provider_raytpu.tasks.deletion import DeleteOwnedOperator
 from airflow_provider_raytpu.tasks.lineage import (
@@ -42,9 +36,10 @@ from airflow_provider_raytpu.tasks.lineage import (
     storage_dataset,
     task_lineage,
 )
-from airflow_provider_raytpu.tasks.links import ServeApplicationLink, ServeEndpointLink, push_service_links
+from airflow_provider_raytpu.tasks.links import ServeApplicationLink, ServeEndpointLink
+from airflow_provider_raytpu.tasks.promotion import apply_logged, previous_version, roll_back, service_reference
 from airflow_provider_raytpu.tasks.slices import SLICE_FIELDS, SliceFields, check_offered, warn_spot
-from airflow_provider_raytpu.values import parse_bool
+from airflow_provider_raytpu.values import duration_seconds, parse_bool
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -62,20 +57,6 @@ def default_service_name(context: Context, deployment: str) -> str:
     identity = (ti.dag_id, ti.task_id, deployment) if map_index < 0 else (ti.dag_id, ti.task_id, map_index,
                                                                           deployment)
     return owned_name(f"{ti.dag_id}-{ti.task_id}", identity, "service_name", RAY_SERVICE_NAME_LIMIT)
-
-
-def previous_version(history: Sequence[str], version: str) -> str | None:
-    """The newest version in the history other than ``version``."""
-    return next((v for v in reversed(history) if v != version), None)
-
-
-def applied(action: Applied, update: str) -> str:
-    """What applying a RayService did, in words: ``created``, ``updated (new-cluster)``, ``adopted: ...``."""
-    if action is Applied.ADOPTED:
-        return "adopted: it already has this spec and version, nothing changed"
-    if action is Applied.CREATED:
-        return "created"
-    return f"updated ({update})"
 
 
 class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
@@ -131,7 +112,8 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         annotations: a :class:`~airflow_provider_raytpu.manifests.options.RayClusterOptions`
         or a dict of its fields, every field templated. A field given as a keyword argument
         of its own (``image=...``, the older spelling) still counts, and warns.
-    :param cluster_deletion_delay_seconds: how long KubeRay keeps the old cluster after a switch.
+    :param cluster_deletion_delay: how long KubeRay keeps the old cluster after a switch (a ``timedelta`` or
+        seconds; ``cluster_deletion_delay_seconds`` is its deprecated name).
     """
 
     template_fields: Sequence[str] = (
@@ -169,10 +151,11 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         upgrade_strategy: str = "NewCluster",
         serve_options: Mapping[str, Any] | None = None,
         cluster_options: RayClusterOptions | Mapping[str, Any] | str | None = None,
-        cluster_deletion_delay_seconds: int | None = None,
+        cluster_deletion_delay: timedelta | float | None = None,
         **kwargs: Any,
     ) -> None:
         options = cluster_options_of(cluster_options, kwargs)
+        delay = take_renamed(kwargs, "cluster_deletion_delay_seconds", "cluster_deletion_delay", cluster_deletion_delay)
         warn_spot(spot)
         SliceFields(accelerator=accelerator, topology=topology, num_slices=num_slices, chips_per_host=chips_per_host,
                     capacity=capacity, spot=spot).check_literal()
@@ -196,7 +179,8 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         self.upgrade_strategy = upgrade_strategy
         self.serve_options = serve_options
         self.cluster_options = options
-        self.cluster_deletion_delay_seconds = cluster_deletion_delay_seconds
+        self.cluster_deletion_delay = None if delay is None else duration_seconds(
+            delay, "cluster_deletion_delay", example="timedelta(minutes=5)", allow_zero=True)
         #: The reference of the service as this task applied it (what its lineage reports).
         self.deployed: dict[str, Any] | None = None
 
@@ -242,79 +226,12 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
                 serve_options=self.serve_options,
                 options=options,
                 origin=origin_of(context, self.hook.deployment),
-                cluster_deletion_delay_seconds=self.cluster_deletion_delay_seconds,
+                cluster_deletion_delay_seconds=self.cluster_deletion_delay,
             )
             self.log.info("RayService %s/%s: deploying version %r (previous %r) on %s", namespace, name, version,
                           previous_version(version_history(manifest), version), tpu.describe())
             apply_logged(self, context, manifest)
             return service_reference(self, manifest)
-
-
-def apply_logged(task: ServiceTaskMixin, context: Context, manifest: dict[str, Any]) -> None:
-    """Apply a RayService manifest, with progress lines while the apply blocks (a promotion waits for
-    its serving cluster's head); say what happened and push the task's Serve links."""
-    backend, log = task.service_backend, task.log
-    name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
-    version = service_version(manifest)
-    with progress(log, f"Applying version {version!r} to RayService {namespace}/{name}",
-                  lambda: backend.service_status(name, namespace, version).message):
-        result = backend.apply_service(manifest)
-    log.info("RayService %s/%s %s", namespace, name,
-             applied(result.action, manifest["metadata"]["annotations"][UPDATE_ANNOTATION]))
-    push_service_links(context, backend, name, namespace, result.cluster)
-
-
-def service_reference(task: ServiceTaskMixin, service: dict[str, Any]) -> dict[str, Any]:
-    """The reference every later task takes, for a RayService as applied (no secrets in it)."""
-    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
-    version = service_version(service)
-    tpu = tpu_slice_of(service)
-    return {
-        "service_name": name,
-        "namespace": namespace,
-        CONN_KEY: task.conn_id,
-        "version": version,
-        "previous_version": previous_version(version_history(service), version) if version else None,
-        "tpu": tpu.to_dict() if tpu else None,
-        "serve_url": task.service_backend.serve_endpoint(name, namespace).url,
-    }
-
-
-def check_rollback_owner(current: dict[str, Any], origin: AirflowOrigin) -> None:
-    """A RayService is rolled back only by a task of the DAG that deployed it, in the same Airflow deployment (any
-    of its tasks: rolling back is often a task of its own); the service keeps its owner.
-
-    :raises ConflictError: another DAG deployed it, or this provider did not.
-    """
-    metadata = current["metadata"]
-    owner = describe_owner(current) if is_managed(current) else "no task of this provider (no managed-by label)"
-    notes = annotations_of(current)
-    if not is_managed(current) or (notes.get(DAG_ID_KEY), notes.get(DEPLOYMENT_KEY) or "") != (origin.dag_id,
-                                                                                                origin.deployment):
-        raise ConflictError(
-            f"RayService {metadata['namespace']}/{metadata['name']} belongs to {owner}, not to DAG "
-            f"{origin.dag_id!r}, so it is not rolled back. Roll it back from a task of the DAG that deployed it")
-
-
-def roll_back(task: ServiceTaskMixin, context: Context, name: str, namespace: str, current: dict[str, Any] | None,
-              in_place: bool) -> dict[str, Any]:
-    """Promote the version before the current one, from the RayService alone; a retry keeps an earlier try's."""
-    if current is None:
-        raise InvalidInputError("rollback", True, f"RayService {namespace}/{name} does not exist",
-                                "Deploy a version first; rollback promotes the one before the current")
-    origin = origin_of(context, task.hook.deployment)
-    check_rollback_owner(current, origin)
-    if rolled_back_by(current, origin):
-        task.log.info("RayService %s/%s: an earlier try of this task rolled back to %r; keeping it",
-                      namespace, name, service_version(current))
-        push_service_links(context, task.service_backend, name, namespace, current)
-        return service_reference(task, current)
-    manifest = rolled_back_service(current, in_place=in_place, origin=origin)
-    manifest["metadata"]["uid"] = current["metadata"]["uid"]  # roll back the service checked, never a successor
-    task.log.info("RayService %s/%s: rolling back from %r to %r", namespace, name,
-                  service_version(current), service_version(manifest))
-    apply_logged(task, context, manifest)
-    return service_reference(task, manifest)
 
 
 class RollbackRayServiceOperator(ServiceTaskMixin, BaseOperator):

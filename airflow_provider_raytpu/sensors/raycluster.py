@@ -13,13 +13,15 @@ from airflow.sdk.exceptions import AirflowSensorTimeout
 
 from airflow_provider_raytpu.status import ReconcileFailureGrace
 from airflow_provider_raytpu.tasks.base import (
+    DEFAULT_POKE_INTERVAL,
     default_deferrable,
     fail_fast,
-    sensor_poke_interval,
+    take_renamed,
 )
 from airflow_provider_raytpu.tasks.cluster_ready import ClusterReadyWait
 from airflow_provider_raytpu.tasks.links import RayDashboardLink, push_dashboard_link
 from airflow_provider_raytpu.triggers.raycluster import DEFAULT_GRACE_PERIOD
+from airflow_provider_raytpu.values import duration_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -51,10 +53,11 @@ class RayClusterReadySensor(ClusterReadyWait, BaseSensorOperator):
     :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
     :param deferrable: wait in the triggerer instead of a worker slot; default:
         ``[operators] default_deferrable``.
-    :param poke_interval: seconds between checks when not deferred, or when watching fails.
+    :param poke_interval: how long between checks when not deferred, or when watching fails (a
+        ``timedelta`` or seconds, as every duration here).
     :param poll_interval: deprecated: the old name of ``poke_interval``.
-    :param timeout: seconds to wait before failing with a diagnosis.
-    :param grace_period: seconds a KubeRay reconcile failure, or ready pods whose TPU hosts Ray does not
+    :param timeout: how long to wait before failing with a diagnosis.
+    :param grace_period: how long a KubeRay reconcile failure, or ready pods whose TPU hosts Ray does not
         list, may last before the task fails.
     :param confirm_with_ray: whether Ray must confirm the TPU hosts (above); default: the connection's
         ``confirm_with_ray``. Off for a cluster whose image serves no Ray dashboard State API.
@@ -72,20 +75,21 @@ class RayClusterReadySensor(ClusterReadyWait, BaseSensorOperator):
         namespace: str | None = None,
         raytpu_conn_id: str | None = None,
         deferrable: bool | None = None,
-        poke_interval: float | timedelta | None = None,
-        poll_interval: float | None = None,
-        timeout: float = 3600.0,
-        grace_period: float = DEFAULT_GRACE_PERIOD,
+        poke_interval: timedelta | float | None = None,
+        timeout: timedelta | float = 3600.0,
+        grace_period: timedelta | float = DEFAULT_GRACE_PERIOD,
         confirm_with_ray: bool | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(poke_interval=sensor_poke_interval(poke_interval, poll_interval), timeout=timeout, **kwargs)
+        poke_interval = take_renamed(kwargs, "poll_interval", "poke_interval", poke_interval)
+        super().__init__(poke_interval=DEFAULT_POKE_INTERVAL if poke_interval is None else poke_interval,
+                         timeout=timeout, **kwargs)
         self.cluster = cluster
         self.cluster_name = cluster_name
         self.namespace = namespace
         self.raytpu_conn_id = raytpu_conn_id
         self.deferrable = default_deferrable() if deferrable is None else deferrable
-        self.grace_period = grace_period
+        self.grace_period = duration_seconds(grace_period, "grace_period", example="120", allow_zero=True)
         self.confirm_with_ray = confirm_with_ray
 
     @property

@@ -14,11 +14,12 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from airflow_provider_raytpu.errors import InvalidInputError
 from airflow_provider_raytpu.status import APP_UNHEALTHY, ServicePhase, ServiceStatus
 from airflow_provider_raytpu.tasks.base import (
+    DEFAULT_POKE_INTERVAL,
     ServiceTaskMixin,
     default_deferrable,
     fail_fast,
     mark_outlets,
-    sensor_poke_interval,
+    take_renamed,
 )
 from airflow_provider_raytpu.tasks.links import ServeApplicationLink, ServeEndpointLink, push_service_links
 from airflow_provider_raytpu.triggers.rayservice import (
@@ -27,6 +28,7 @@ from airflow_provider_raytpu.triggers.rayservice import (
     ApplicationClock,
     RayServiceRunningTrigger,
 )
+from airflow_provider_raytpu.values import duration_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -89,15 +91,16 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
     :param version: the version to wait for; default: the reference's, else the one the RayService's spec asks for.
     :param namespace: the namespace; default: the reference's, else the connection's.
     :param raytpu_conn_id: the ``raytpu`` connection; default: the reference's, else ``raytpu_default``.
-    :param deploying_timeout: seconds an application may stay DEPLOYING; ``None``: only ``timeout``.
+    :param deploying_timeout: how long an application may stay DEPLOYING (a ``timedelta`` or seconds, as every
+        duration here); ``None``: only ``timeout``.
     :param smoke_request: an HTTP request that must answer 2xx once the service runs.
-    :param smoke_timeout: seconds to keep retrying the smoke request while it does not answer 2xx.
+    :param smoke_timeout: how long to keep retrying the smoke request while it does not answer 2xx.
     :param deferrable: wait in the triggerer instead of a worker slot; default:
         ``[operators] default_deferrable``.
-    :param poke_interval: seconds between checks when not deferred, or when watching fails.
+    :param poke_interval: how long between checks when not deferred, or when watching fails.
     :param poll_interval: deprecated: the old name of ``poke_interval``.
-    :param timeout: seconds to wait in all before failing with a diagnosis.
-    :param grace_period: seconds an application may stay UNHEALTHY before the task fails.
+    :param timeout: how long to wait in all before failing with a diagnosis.
+    :param grace_period: how long an application may stay UNHEALTHY before the task fails.
     """
 
     template_fields: Sequence[str] = ("service", "service_name", "version", "namespace", "raytpu_conn_id",
@@ -114,17 +117,21 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
         version: str | None = None,
         namespace: str | None = None,
         raytpu_conn_id: str | None = None,
-        deploying_timeout: float | None = None,
+        deploying_timeout: timedelta | float | None = None,
         smoke_request: Mapping[str, Any] | None = None,
-        smoke_timeout: float = 60.0,
+        smoke_timeout: timedelta | float = 60.0,
         deferrable: bool | None = None,
-        poke_interval: float | timedelta | None = None,
-        poll_interval: float | None = None,
-        timeout: float = 3600.0,
-        grace_period: float = DEFAULT_GRACE_PERIOD,
+        poke_interval: timedelta | float | None = None,
+        timeout: timedelta | float = 3600.0,
+        grace_period: timedelta | float = DEFAULT_GRACE_PERIOD,
         **kwargs: Any,
     ) -> None:
-        super().__init__(poke_interval=sensor_poke_interval(poke_interval, poll_interval), timeout=timeout, **kwargs)
+        poke_interval = take_renamed(kwargs, "poll_interval", "poke_interval", poke_interval)
+        super().__init__(poke_interval=DEFAULT_POKE_INTERVAL if poke_interval is None else poke_interval,
+                         timeout=timeout, **kwargs)
+        if deploying_timeout is not None:
+            deploying_timeout = duration_seconds(deploying_timeout, "deploying_timeout", example="900")
+        grace_period = duration_seconds(grace_period, "grace_period", example="120", allow_zero=True)
         self.service = service
         self.service_name = service_name
         self.version = version
@@ -132,7 +139,7 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
         self.raytpu_conn_id = raytpu_conn_id
         self.deploying_timeout = deploying_timeout
         self.smoke_request = smoke_request
-        self.smoke_timeout = smoke_timeout
+        self.smoke_timeout = duration_seconds(smoke_timeout, "smoke_timeout", example="60")
         self.deferrable = default_deferrable() if deferrable is None else deferrable
         self.grace_period = grace_period
         self._clock = ApplicationClock(deploying_timeout)

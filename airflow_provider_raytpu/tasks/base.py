@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -57,18 +57,24 @@ def default_deferrable() -> bool:
     return bool(conf.getboolean("operators", "default_deferrable", fallback=False))
 
 
-def sensor_poke_interval(poke_interval: float | timedelta | None, poll_interval: float | None,
-                         default: float = 10.0) -> float | timedelta:
-    """A sensor's ``poke_interval`` (Airflow's name); the sensors' deprecated ``poll_interval`` still counts, with a
-    warning naming its replacement."""
-    if poll_interval is None:
-        return default if poke_interval is None else poke_interval
-    warnings.warn("A sensor's poll_interval is deprecated: write poke_interval, Airflow's name for it",
-                  AirflowProviderDeprecationWarning, stacklevel=3)
-    if poke_interval is not None:
-        raise InvalidInputError("poll_interval", poll_interval, f"is given with poke_interval={poke_interval!r}",
-                                "Give only poke_interval (poll_interval is its deprecated name)")
-    return poll_interval
+#: Seconds between a sensor's checks when it is not deferred (or its watch fails).
+DEFAULT_POKE_INTERVAL = 10.0
+
+
+def take_renamed(arguments: MutableMapping[str, Any], old: str, new: str, value: Any) -> Any:
+    """``new``'s value; a value given under its deprecated name ``old`` (popped from ``arguments``, a task's
+    keyword arguments) still counts, with a warning naming ``new``.
+
+    :raises InvalidInputError: when both are given.
+    """
+    if old not in arguments:
+        return value
+    warnings.warn(f"{old} is deprecated: write {new}", AirflowProviderDeprecationWarning, stacklevel=3)
+    older = arguments.pop(old)
+    if value is not None:
+        raise InvalidInputError(old, older, f"is given with {new}={value!r}",
+                                f"Give only {new} ({old} is its deprecated name)")
+    return older
 
 
 def cluster_options_of(cluster_options: RayClusterOptions | Mapping[str, Any] | str | None,

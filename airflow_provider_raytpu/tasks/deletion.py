@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -43,6 +44,7 @@ from airflow_provider_raytpu.tasks.base import (
     fail_fast,
     map_index_of,
 )
+from airflow_provider_raytpu.values import duration_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -67,8 +69,8 @@ class DeleteOwnedOperator(TeardownWhateverHappenedMixin, ClusterTaskMixin, BaseO
         provider did not make it; without it such an object is left alone with a warning naming its owner.
     :param wait_for_deletion: wait until each deleted object (and its pods, where the kind has them) is gone;
         the log says what is left at least every 10 s.
-    :param deletion_timeout: seconds to wait for that.
-    :param poll_interval: seconds between checks while waiting.
+    :param deletion_timeout: how long to wait for that (a ``timedelta`` or seconds).
+    :param poll_interval: how long between checks while waiting.
     """
 
     kind: ClassVar[str]
@@ -80,7 +82,7 @@ class DeleteOwnedOperator(TeardownWhateverHappenedMixin, ClusterTaskMixin, BaseO
 
     def __init__(self, *, namespace: str | None = None, raytpu_conn_id: str | None = None,
                  created_by: str | Sequence[str] | None = None, wait_for_deletion: bool = False,
-                 deletion_timeout: float = 600, poll_interval: float = 2, force: bool = False,
+                 deletion_timeout: timedelta | float = 600, poll_interval: timedelta | float = 2, force: bool = False,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.force = force
@@ -88,8 +90,8 @@ class DeleteOwnedOperator(TeardownWhateverHappenedMixin, ClusterTaskMixin, BaseO
         self.raytpu_conn_id = raytpu_conn_id
         self.created_by = created_by
         self.wait_for_deletion = wait_for_deletion
-        self.deletion_timeout = deletion_timeout
-        self.poll_interval = poll_interval
+        self.deletion_timeout = duration_seconds(deletion_timeout, "deletion_timeout", example="600")
+        self.poll_interval = duration_seconds(poll_interval, "poll_interval", example="2")
 
     # -- what a subclass provides -------------------------------------------------------------
 

@@ -15,8 +15,8 @@ from airflow_provider_raytpu.backends.base import ChangedSinceChecked, Precondit
 from airflow_provider_raytpu.errors import ConflictError
 from airflow_provider_raytpu.manifests.raycluster import DEPLOYMENT_KEY, MANAGED_BY_LABEL, AirflowOrigin
 from airflow_provider_raytpu.manifests.rayservice import build_ray_service
-from airflow_provider_raytpu.operators.rayservice import check_rollback_owner
 from airflow_provider_raytpu.tasks.expiry import run_gone
+from airflow_provider_raytpu.tasks.promotion import check_rollback_owner
 from airflow_provider_raytpu.tpu import TpuSlice
 
 STORED = {"metadata": {"name": "train", "namespace": "ml", "uid": "u-1", "resourceVersion": "41"}}

@@ -99,7 +99,7 @@ def test_a_sensors_poll_interval_still_counts_and_warns_naming_poke_interval() -
     from airflow_provider_raytpu.sensors.raycluster import RayClusterReadySensor
     from airflow_provider_raytpu.sensors.rayservice import RayServiceRunningSensor
 
-    with pytest.warns(AirflowProviderDeprecationWarning, match="write poke_interval, Airflow's name for it"):
+    with pytest.warns(AirflowProviderDeprecationWarning, match="poll_interval is deprecated: write poke_interval"):
         old = RayServiceRunningSensor(task_id="old_name", service_name="chat", poll_interval=5)
     assert old.poke_interval == 5
     with pytest.warns(AirflowProviderDeprecationWarning), pytest.raises(InvalidInputError, match="poll_interval=2"):
@@ -226,7 +226,8 @@ JOB = "cluster_name='c', "
     ("JaxTrainerOperator(task_id='t', " + JOB + "train_loop='m:f', checkpoint_uri='gs://b/c', num_slices='two')",
      "num_slices='two'"),
     ("JaxTrainerOperator(task_id='t', " + JOB + "train_loop='m:f', checkpoint_uri='gs://b/c', resize_interval='1m')",
-     "resize_interval='1m': is not a number of seconds"),
+     "resize_interval='1m': is not a duration. Give a timedelta, e.g. 60 (Ray Train's default), or a number of "
+     "seconds"),
     ("RayDataOperator(task_id='t', " + JOB + "input_uri='gs://b/in', output_uri='gs://b/out', transform='m.f')",
      "transform='m.f': is not an import path"),
     ("SubmitRayJobOperator(task_id='t', " + JOB + "entrypoint='')", "entrypoint='': is empty"),
