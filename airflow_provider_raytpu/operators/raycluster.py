@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import BaseOperator
 
 from airflow_provider_raytpu.backends.apply import CLUSTER_OWNER
@@ -23,6 +25,7 @@ from airflow_provider_raytpu.manifests.raycluster import (
     tpu_slice_of,
 )
 from airflow_provider_raytpu.status import ClusterStatus
+from airflow_provider_raytpu.status.kueue import QUEUE_NAME_LABEL
 from airflow_provider_raytpu.status.usage import USAGE_XCOM_KEY, describe_usage, tpu_usage
 from airflow_provider_raytpu.tasks.base import (
     ClusterTaskMixin,
@@ -56,6 +59,14 @@ def default_cluster_name(context: Context, deployment: str) -> str:
     return owned_name(f"{ti.dag_id}-{ti.task_id}",
                       (ti.dag_id, ti.run_id, ti.task_id, map_index_of(context), deployment), "cluster_name",
                       RAY_CLUSTER_NAME_LIMIT)
+
+
+def without_queue_label(options: RayClusterOptions) -> RayClusterOptions:
+    """``options``, warning when they give the Kueue queue as a label: the older spelling of ``queue_name``."""
+    if queue := (options.labels or {}).get(QUEUE_NAME_LABEL):
+        warnings.warn(f"The Kueue queue as labels[{QUEUE_NAME_LABEL!r}] is deprecated: write queue_name={queue!r}",
+                      AirflowProviderDeprecationWarning, stacklevel=2)
+    return options
 
 
 class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
@@ -143,7 +154,7 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
         stated.check_literal(capacity_list=True)
         if not is_templated((capacity, spot)):
             check_literal(fallback_after, lambda value: parse_fallback_after(value, stated.capacities()))
-        check_literal(options, RayClusterOptions.from_value)
+        check_literal(options, lambda value: without_queue_label(RayClusterOptions.from_value(value)))
         lifetime = parse_lifetime(max_lifetime)
         super().__init__(**kwargs)
         self.accelerator = accelerator
@@ -179,7 +190,8 @@ class CreateRayClusterOperator(CapacityFallbackMixin, BaseOperator):
         with fail_fast():
             tpu = SliceFields.of(self).tpu(capacity)
             check_offered(tpu, self.hook.settings.backend, self.log)
-            options = RayClusterOptions.from_value(self.cluster_options).queued_in(check_queue_name(self.queue_name))
+            options = without_queue_label(RayClusterOptions.from_value(self.cluster_options)).queued_in(
+                check_queue_name(self.queue_name))
             update_if_exists = parse_bool(self.update_if_exists, "update_if_exists")
             name = self._name(context)
             namespace = self.resolved_namespace()

@@ -265,6 +265,10 @@ class ClusterTaskMixin(_TaskBase):
             )
         setattr(self, self.reference_name, named)
         self.namespace = self.namespace or reference.get("namespace")
+        if OLD_CONN_KEY in reference and CONN_KEY not in reference:
+            warnings.warn(f"A cluster reference's {OLD_CONN_KEY!r} is deprecated: it is {CONN_KEY!r} (an XCom of a "
+                          "task that ran an earlier version of this provider)", AirflowProviderDeprecationWarning,
+                          stacklevel=2)
         self.raytpu_conn_id = self.raytpu_conn_id or reference.get(CONN_KEY) or reference.get(OLD_CONN_KEY)
         return reference
 

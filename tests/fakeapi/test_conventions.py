@@ -92,9 +92,13 @@ def test_every_cluster_task_takes_the_reference_whole(
         airflow_home: Path, connections: None, kube: FakeKubeApiServer, kuberay: KubeRayReactor,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The reference carries the name, the namespace and the connection: nothing to template, and the
-    connection key of older versions (``conn_id``) is still read."""
+    connection key of older versions (``conn_id``) is still read, with a deprecation warning."""
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
     monkeypatch.setenv("AIRFLOW_CONN_RAYTPU_TEAM", raytpu_connection(namespace="team"))
-    outcome = run_dag(airflow_home, REFERENCES, "references")
+    with pytest.warns(AirflowProviderDeprecationWarning, match="A cluster reference's 'conn_id' is deprecated: it is "
+                                                               "'raytpu_conn_id'"):
+        outcome = run_dag(airflow_home, REFERENCES, "references")
     assert {task: o.state for task, o in outcome.items()} == {
         "create_cluster": "success", "wait_ready": "success", "written_by_an_older_version": "success",
         "wait_ready_again": "success", "delete_cluster": "success"}

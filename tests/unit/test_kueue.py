@@ -66,6 +66,17 @@ def test_a_templated_queue_name_is_checked_at_run_time_and_labels_may_not_name_a
         RayClusterOptions(labels={QUEUE_NAME_LABEL: "cpu"}).queued_in("tpu")
 
 
+def test_the_queue_as_a_label_still_counts_and_warns_naming_queue_name() -> None:
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    from airflow_provider_raytpu.operators.raycluster import CreateRayClusterOperator
+
+    said = r"The Kueue queue as labels\['kueue.x-k8s.io/queue-name'\] is deprecated: write queue_name='tpu-v6e'"
+    with pytest.warns(AirflowProviderDeprecationWarning, match=said):
+        CreateRayClusterOperator(task_id="create", accelerator="v6e", topology="2x2",
+                                 cluster_options={"labels": {QUEUE_NAME_LABEL: "tpu-v6e"}})
+
+
 def test_a_cluster_kueue_holds_is_queued_with_its_clusterqueue_and_why() -> None:
     cluster = queued_cluster()
     status = read_ray_cluster(cluster)
