@@ -37,10 +37,10 @@ def ray_conversion() -> tuple[Any, Any] | None:
     mesh, and uses Ray's converter to reproduce Ray's error for a batch it cannot convert.
     """
     try:
-        from ray.data.util.jax_util import _GLOBAL_MESH_1D_AXIS, _convert_batch, _create_sharding_1d
+        from airflow_provider_raytpu.workloads.ray_compat import jax_util
     except ImportError:
         return None
-    return (lambda: _create_sharding_1d(_GLOBAL_MESH_1D_AXIS)), _convert_batch
+    return (lambda: jax_util._create_sharding_1d(jax_util._GLOBAL_MESH_1D_AXIS)), jax_util._convert_batch
 
 
 def _column_dtype(dtypes: Any, name: str) -> Any:

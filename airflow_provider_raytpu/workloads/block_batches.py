@@ -21,8 +21,9 @@ _FIXED_SHAPE_TENSORS = ("ray.data.arrow_tensor", "ray.data.arrow_tensor_v2")
 def available() -> bool:
     """Whether this Ray has the batcher and block accessor this module reuses."""
     try:
-        from ray.data._internal.batcher import Batcher  # noqa: F401
         from ray.data.block import BlockAccessor  # noqa: F401
+
+        from airflow_provider_raytpu.workloads.ray_compat import Batcher  # noqa: F401
     except ImportError:
         return False
     return True
@@ -52,8 +53,9 @@ def numpy_batches(data: Any, batch_size: int, drop_last: bool, prefetch_batches:
     :param drop_last: leave out the last batch when it is short.
     :param prefetch_batches: blocks to fetch ahead.
     """
-    from ray.data._internal.batcher import Batcher
     from ray.data.block import BlockAccessor
+
+    from airflow_provider_raytpu.workloads.ray_compat import Batcher
 
     def to_numpy(block: Any) -> Any:
         return BlockAccessor.for_block(block).to_batch_format("numpy")

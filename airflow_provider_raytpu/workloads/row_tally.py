@@ -31,9 +31,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 import ray
-from ray.data._internal.datasource.parquet_datasink import ParquetDatasink
-from ray.data._internal.execution.interfaces import TaskContext
 from ray.data.datasource.datasink import WriteResult
+
+from airflow_provider_raytpu.workloads.ray_compat import ParquetDatasink, TaskContext
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -79,8 +79,8 @@ def quiet_report_records() -> None:
     only the console handler Ray Train gives the root logger drops it.
     """
     try:
-        from ray._private.log import PlainRayHandler
-        from ray.train.v2._internal.execution import context
+        from airflow_provider_raytpu.workloads.ray_compat import PlainRayHandler
+        from airflow_provider_raytpu.workloads.ray_compat import train_context as context
     except ImportError:  # a Ray without Train v2's context: nothing to quiet
         return
     for handler in logging.getLogger().handlers:

@@ -1,7 +1,10 @@
-"""The private Airflow names in airflow_provider_raytpu/compat.py still exist and still behave as the provider
-needs: an upgrade that moves or changes one fails here."""
+"""The private Airflow names in airflow_provider_raytpu/compat.py and the private Ray names in
+airflow_provider_raytpu/workloads/ray_compat.py still exist and still behave as the provider needs: an upgrade
+that moves or changes one fails here."""
 
 from __future__ import annotations
+
+import pytest
 
 from airflow_provider_raytpu.compat import redact
 from airflow_provider_raytpu.tasks.base import mask_secret_values
@@ -53,3 +56,38 @@ async def test_the_kubernetes_client_sets_a_request_timeout_where_the_generated_
     finally:
         await api.close()
     assert sent and sent[0] is not None
+
+
+@pytest.mark.parametrize(("name", "members"), [
+    ("ParquetDatasink", ("write", "on_write_complete")),
+    ("TaskContext", ("get_current",)),
+    ("Batcher", ("add", "has_batch", "next_batch", "done_adding")),
+    ("PlainRayHandler", ("emit",)),
+    ("train_context", ("logger",)),
+    ("GcsClient", ()),  # its methods are its inner client's; every local cluster of the Ray tier reads nodes with it
+    ("jax_util", ("_create_sharding_1d", "_GLOBAL_MESH_1D_AXIS", "_convert_batch")),
+])
+def test_each_private_ray_name_is_where_ray_compat_looks_and_has_what_the_provider_uses(
+        name: str, members: tuple[str, ...]) -> None:
+    from airflow_provider_raytpu.workloads import ray_compat
+
+    found = getattr(ray_compat, name)
+    assert [member for member in members if not hasattr(found, member)] == []
+
+
+def test_every_private_ray_name_is_checked_above() -> None:
+    from airflow_provider_raytpu.workloads.ray_compat import PRIVATE_NAMES
+
+    assert sorted(PRIVATE_NAMES) == ["Batcher", "GcsClient", "ParquetDatasink", "PlainRayHandler", "TaskContext",
+                                     "jax_util", "train_context"]
+
+
+def test_a_name_a_ray_upgrade_moved_fails_naming_the_module_to_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_raytpu.workloads import ray_compat
+
+    monkeypatch.setitem(ray_compat.PRIVATE_NAMES, "Batcher", ("ray.data.block", "Batcher"))
+    with pytest.raises(ImportError, match=r"has no ray.data.block.Batcher: the provider's Batcher moved in this Ray; "
+                                          r"update airflow_provider_raytpu/workloads/ray_compat.py"):
+        ray_compat.Batcher  # noqa: B018 - the lookup is what is tested
+    with pytest.raises(AttributeError, match="has no attribute 'Unlisted'"):
+        ray_compat.Unlisted  # noqa: B018

@@ -174,7 +174,21 @@ def test_a_private_airflow_name_is_imported_only_in_the_compat_module(name: str)
     assert [target for target in imports(MODULES[name]) if _private_airflow_name(target)] == []
 
 
+def _private_ray_name(imported: str) -> bool:
+    parts = imported.split(".")
+    return parts[0] == "ray" and any(part.startswith("_") for part in parts)
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n != f"{ROOT}.workloads.ray_compat"])
+def test_a_private_ray_name_is_imported_only_in_the_ray_compat_module(name: str) -> None:
+    """Ray's private names (``_internal``, ``_private``, ``_raylet``) move without notice; workloads/ray_compat.py
+    looks them up, and tests/unit/test_compat.py fails when a Ray upgrade moves one."""
+    assert [target for target in imports(MODULES[name]) if _private_ray_name(target)] == []
+
+
 def test_the_private_name_check_sees_one() -> None:
+    assert _private_ray_name("ray.data._internal.batcher.Batcher") and _private_ray_name("ray._raylet")
+    assert not _private_ray_name("ray.data.block.BlockAccessor")
     assert _private_airflow_name("airflow.sdk.definitions._internal.mixins.ResolveMixin")
     assert _private_airflow_name("airflow.providers.cncf.kubernetes.kube_client._TimeoutAsyncK8sApiClient")
     assert not _private_airflow_name("airflow.sdk.BaseHook") and not _private_airflow_name("ray.data._internal")

@@ -36,13 +36,10 @@ class Gcs:
         if self.client is None:
             if not port_open(port):
                 return None
-            import ray._raylet
+            from airflow_provider_raytpu.workloads.ray_compat import GcsClient
 
-            # GcsClient is a Cython class of ray._raylet that Ray's stub (_raylet.pyi) leaves out and no
-            # typed Ray module re-exports, so it is looked up on the module by name.
-            gcs_client = getattr(ray._raylet, "GcsClient")  # noqa: B009 - see above: not in Ray's stub
             try:
-                self.client = gcs_client(address=address)
+                self.client = GcsClient(address=address)
             except Exception as exc:  # noqa: BLE001 - any failure means "not reachable yet"
                 log.info("GCS at %s not reachable yet: %s", address, exc)
                 return None
