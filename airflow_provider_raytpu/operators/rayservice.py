@@ -36,7 +36,7 @@ from airflow_provider_raytpu.tasks.lineage import (
     storage_dataset,
     task_lineage,
 )
-from airflow_provider_raytpu.tasks.links import ServeApplicationLink, ServeEndpointLink
+from airflow_provider_raytpu.tasks.links import ServeApplicationLink
 from airflow_provider_raytpu.tasks.promotion import apply_logged, previous_version, roll_back, service_reference
 from airflow_provider_raytpu.tasks.slices import SLICE_FIELDS, SliceFields, check_offered, warn_spot
 from airflow_provider_raytpu.values import duration_seconds, parse_bool
@@ -129,7 +129,7 @@ class DeployRayServiceOperator(ServiceTaskMixin, BaseOperator):
         "cluster_options",
     )
     template_fields_renderers = {"applications": "json", "serve_options": "json", "cluster_options": "json"}
-    operator_extra_links = (ServeApplicationLink(), ServeEndpointLink())
+    operator_extra_links = (ServeApplicationLink(),)
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -252,7 +252,7 @@ class RollbackRayServiceOperator(ServiceTaskMixin, BaseOperator):
     """
 
     template_fields: Sequence[str] = ("service", "service_name", "namespace", "raytpu_conn_id", "in_place")
-    operator_extra_links = (ServeApplicationLink(), ServeEndpointLink())
+    operator_extra_links = (ServeApplicationLink(),)
     ui_color = "#fef7e0"
 
     def __init__(self, *, service: Any = None, service_name: str | None = None, namespace: str | None = None,

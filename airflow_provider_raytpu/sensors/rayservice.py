@@ -21,7 +21,7 @@ from airflow_provider_raytpu.tasks.base import (
     mark_outlets,
     take_renamed,
 )
-from airflow_provider_raytpu.tasks.links import ServeApplicationLink, ServeEndpointLink, push_service_links
+from airflow_provider_raytpu.tasks.links import ServeApplicationLink, push_service_links
 from airflow_provider_raytpu.triggers.rayservice import (
     DEFAULT_GRACE_PERIOD,
     DEPLOYING_TIMEOUT,
@@ -106,7 +106,7 @@ class RayServiceRunningSensor(ServiceTaskMixin, BaseSensorOperator):
     template_fields: Sequence[str] = ("service", "service_name", "version", "namespace", "raytpu_conn_id",
                                       "smoke_request")
     template_fields_renderers = {"smoke_request": "json"}
-    operator_extra_links = (ServeApplicationLink(), ServeEndpointLink())
+    operator_extra_links = (ServeApplicationLink(),)
     ui_color = "#e6f4ea"
 
     def __init__(

@@ -1,5 +1,6 @@
-"""The links on a task's page: the Ray dashboard, the job, the Serve application and endpoint, checkpoints, profiles,
-the run report.
+"""The links on a task's page: the Ray dashboard, the job, the Serve application, checkpoints, profiles, the run
+report. Each opens a page in a browser. A Serve endpoint is not a link: it answers requests its application
+defines (a GET of its root is a 404, or the application's error), so the deploy task's log says how to call it.
 
 Airflow 3 resolves operator links in the API server, which never runs operator code: each
 link's value is the XCom the task pushed under the link's ``xcom_key`` while it ran. So
@@ -57,12 +58,6 @@ class ServeApplicationLink(XComLink):
     """The RayService's Serve application (or its Serve page, for several) in the Ray dashboard."""
 
     name = "Serve application"
-
-
-class ServeEndpointLink(XComLink):
-    """The RayService's Serve HTTP endpoint."""
-
-    name = "Serve endpoint"
 
 
 class CheckpointsLink(XComLink):
@@ -151,7 +146,7 @@ def push_dashboard_link(context: Context, backend: ClusterBackend, name: str, na
 
 def push_service_links(context: Context, services: ServiceBackend, name: str, namespace: str,
                        service: dict[str, Any] | None) -> None:
-    """Push the RayService's :class:`ServeApplicationLink` and :class:`ServeEndpointLink`.
+    """Push the RayService's :class:`ServeApplicationLink`.
 
     :param context: the task's context.
     :param services: the connection's RayServices.
@@ -159,12 +154,10 @@ def push_service_links(context: Context, services: ServiceBackend, name: str, na
     :param namespace: its namespace.
     :param service: the RayService (its Serve config names the applications); ``None``: it does not exist.
     """
-    application = endpoint = None
+    application = None
     if service is not None:
         try:
             application = serve_application_url(services.dashboard(name, namespace), spec_applications(service))
-            endpoint = services.serve_endpoint(name, namespace).browser_url
         except FatalError:  # the local backend has no such service (any more)
             pass
     push_link(context, ServeApplicationLink, application)
-    push_link(context, ServeEndpointLink, endpoint)

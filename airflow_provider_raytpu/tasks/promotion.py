@@ -3,7 +3,7 @@ service reference later tasks take. Shared by the deploy and rollback operators.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raytpu.backends.apply import annotations_of, describe_owner, is_managed
@@ -18,6 +18,7 @@ from airflow_provider_raytpu.manifests.rayservice import (
     version_history,
 )
 from airflow_provider_raytpu.progress import progress
+from airflow_provider_raytpu.status import spec_applications
 from airflow_provider_raytpu.tasks.base import CONN_KEY, ServiceTaskMixin, origin_of
 from airflow_provider_raytpu.tasks.links import push_service_links
 
@@ -51,6 +52,19 @@ def apply_logged(task: ServiceTaskMixin, context: Context, manifest: dict[str, A
     log.info("RayService %s/%s %s", namespace, name,
              applied(result.action, manifest["metadata"]["annotations"][UPDATE_ANNOTATION]))
     push_service_links(context, backend, name, namespace, result.cluster)
+    log.info("%s", endpoint_line(backend.serve_endpoint(name, namespace).url, spec_applications(manifest)))
+
+
+def endpoint_line(url: str, applications: Sequence[Mapping[str, Any]]) -> str:
+    """Where a RayService's applications answer, and how to call them, for the deploy task's log.
+
+    :param url: the Serve endpoint as the backend reaches it.
+    :param applications: the Serve config's applications (``name``, ``route_prefix``).
+    """
+    base = url.rstrip("/")
+    routes = ", ".join(f"{app.get('name')} at {base}{app.get('route_prefix') or '/'}" for app in applications)
+    return (f"Serve endpoint: {routes or url}. Send each application what it takes (e.g. a POST with a JSON body); "
+            "a browser's GET of it is not a call. RayServiceRunningSensor's smoke_request can make one")
 
 
 def service_reference(task: ServiceTaskMixin, service: dict[str, Any]) -> dict[str, Any]:

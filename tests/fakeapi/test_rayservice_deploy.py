@@ -116,8 +116,7 @@ def test_rollback_promotes_the_previous_version_and_a_retry_keeps_it(airflow_hom
     assert kube.count("PUT", SERVICES + "/chat$") == puts
     # The task page's links: through the API server's service proxy, the transport in use.
     proxy = f"{kube.url}/api/v1/namespaces/{NAMESPACE}/services"
-    assert links == {"_link_ServeApplicationLink": f"{proxy}/chat-head-svc:dashboard/proxy/#/serve/applications/chat",
-                     "_link_ServeEndpointLink": f"{proxy}/chat-serve-svc:serve/proxy"}
+    assert links == {"_link_ServeApplicationLink": f"{proxy}/chat-head-svc:dashboard/proxy/#/serve/applications/chat"}
 
 
 def test_a_rollback_never_changes_a_service_made_after_its_owner_check(airflow_home: Path, connections: None,

@@ -312,3 +312,12 @@ def test_a_failed_jobs_tail_and_message_read_as_plain_text_with_secret_arguments
         "(TrainController pid=7846) Running python -m train --config '<JSON with keys: api_key>'")
     assert job_message("Job failed: \x1b[31mboom\x1b[0m, last available logs (truncated to 20,000 chars):\nx") == (
         "Job failed: boom")
+
+
+def test_the_deploy_log_says_where_each_application_answers_and_how_to_call_it() -> None:
+    from airflow_provider_raytpu.tasks.promotion import endpoint_line
+
+    line = endpoint_line("http://127.0.0.1:8000/", [{"name": "llm", "route_prefix": "/v1"}, {"name": "tiny"}])
+    assert line.startswith("Serve endpoint: llm at http://127.0.0.1:8000/v1, tiny at http://127.0.0.1:8000/. Send "
+                           "each application what it takes (e.g. a POST with a JSON body); a browser's GET of it is "
+                           "not a call")

@@ -102,16 +102,16 @@ def test_deploy_runs_and_the_model_answers(request: pytest.FixtureRequest, airfl
         outcome = run_dag(airflow_home, dag(SERVING_DAG, sensor=smoke), SERVING_DAG)
     assert {t: o.state for t, o in outcome.items()} == {"deploy": "success", "wait_running": "success"}
     # The deploy waits for the serving cluster's head, saying so at least every 10 s; the task pages link
-    # to the Serve application in the Ray dashboard and to the endpoint.
+    # to the Serve application in the Ray dashboard, and the deploy's log says where the endpoint answers.
     assert logs.out, "run without -s: the task logs are read from pytest's capture"
     tasks = task_instances(outcome)
     assert problems(logs.out, logs.err, tasks, limit=LOADED_SILENCE_LIMIT_SECONDS) == {}
     assert {log.task_id for log in task_logs(logs.out, tasks)} == {"deploy", "wait_running"}
     dashboard = serve_backend.dashboard(SERVICE, NAMESPACE).url
-    links = {"Serve application": f"{dashboard}/#/serve/applications/tiny",
-             "Serve endpoint": outcome["deploy"].result["serve_url"]}
+    links = {"Serve application": f"{dashboard}/#/serve/applications/tiny"}
     assert outcome["deploy"].links == outcome["wait_running"].links == links
-    assert requests.get(dashboard + "/", timeout=30).status_code == 200
+    assert requests.get(dashboard + "/", timeout=30).status_code == 200, "every link offered opens a page"
+    assert f"Serve endpoint: tiny at {outcome['deploy'].result['serve_url']}/. Send each application" in logs.out
     reference = outcome["deploy"].result
     assert (reference["service_name"], reference["version"], reference["previous_version"]) == (SERVICE, "v1", None)
     assert reference["serve_url"].startswith("http://127.0.0.1:")
