@@ -326,6 +326,11 @@ def lifecycle_dag(
         many TPU host pods were rejected by the scheduler.
     :param delete: add the delete teardown.
     """
+    from airflow_provider_raytpu.manifests.options import OPTION_NAMES
+
+    options = {k: v for k, v in create.items() if k in OPTION_NAMES}  # given one way: cluster_options
+    create = {**{k: v for k, v in create.items() if k not in OPTION_NAMES},
+              **({"cluster_options": {**create.get("cluster_options", {}), **options}} if options else {})}
     args = ", ".join(f"{k}={v!r}" for k, v in create.items())
     sensor_args = "".join(f", {k}={v!r}" for k, v in (sensor or {}).items())
     lines = [

@@ -85,8 +85,7 @@ def dag(dag_id: str, *, apps: list[dict[str, Any]] | None = APPS, sensor: str = 
         lines.append(
             f"    deploy = DeployRayServiceOperator(task_id='deploy', service_name={SERVICE!r}, applications={apps!r}, "
             f"accelerator='v6e', topology='2x2', version='{{{{ params.version }}}}', "
-            f"head_resources={SMALL['head_resources']!r}, worker_resources={SMALL['worker_resources']!r}, "
-            f"env={SMALL['env']!r})")
+            f"cluster_options={SMALL!r})")
     lines.append(
         f"    wait = RayServiceRunningSensor(task_id='wait_running', service_name={SERVICE!r}, "
         "version='{{ params.version }}', timeout=300, poke_interval=1, " + sensor + ")")
