@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_raytpu.dashboard.job_log import (
     JobError,
+    JobLogFollower,
     closing_line,
     job_error,
     job_message,
@@ -355,7 +356,12 @@ class SubmitRayJobOperator(ClusterReadyWait, BaseOperator):
         return result
 
     def _result(self, submission_id: str) -> Any:
-        return self._succeeded(submission_id, last_result(self.jobs.logs(submission_id)), " (an earlier try's job)")
+        """An earlier try's job that succeeded: its log again, marked (the earlier try may have shown part of it
+        before it was lost), so the try that sees the job's end shows all of it; then its result."""
+        logs = self.jobs.logs(submission_id)
+        for line in JobLogFollower().shown(logs):
+            self.log.info("[ray job, again] %s", line)
+        return self._succeeded(submission_id, last_result(logs), " (an earlier try's job)")
 
     def on_kill(self) -> None:
         if self.submission_id:
