@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 LOG_DIR = REPO / "build" / "test-logs"
 HEARTBEAT_SECONDS = 120.0
+TIER_MARKER = "RAYTPU_TEST_TIER"  # in every process a tier starts, to find the ones left running
 BUDGET = "45 min with the control plane's binaries cached, 60 min on a fresh machine"
 
 
@@ -70,6 +71,25 @@ def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
 
 
+def stop_leftovers(marker: str) -> int:
+    """SIGKILL every process whose environment carries ``marker``: what a tier left behind, e.g. the control
+    plane's pods, in sessions of their own, after pytest-timeout ended a hung pytest with ``os._exit``.
+
+    :return: how many processes were stopped.
+    """
+    import psutil
+
+    stopped = 0
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(TIER_MARKER) == marker:
+                process.kill()
+                stopped += 1
+        except psutil.Error:
+            continue
+    return stopped
+
+
 def last_line(path: Path) -> str:
     """The tier's latest progress line (pytest's dots and percentage), or its latest line."""
     try:
@@ -98,16 +118,21 @@ class Lanes:
         tier.started = time.monotonic()
         self.say(f"== {tier.name}: started")
         returncode = 0
+        marker = f"{tier.name}-{os.getpid()}"
         with open(tier.log, "wb") as log:
             for command in tier.commands:
                 returncode = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL).returncode
+                                            stdin=subprocess.DEVNULL, env={**os.environ, TIER_MARKER: marker}
+                                            ).returncode
                 if returncode:
                     break
+        left = stop_leftovers(marker)
         tier.returncode = returncode
         tier.elapsed = time.monotonic() - tier.started
         with self.print_lock:
             sys.stdout.write(tier.log.read_text(errors="replace"))
+            if left:
+                print(f"== {tier.name}: stopped {left} process(es) it left running", flush=True)
             print(f"== {tier.name}: {tier.result} in {minutes(tier.elapsed)}", flush=True)
 
     def lane(self, tiers: list[Tier]) -> None:

@@ -120,6 +120,9 @@ class AirflowDeployment:
             "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
             "AIRFLOW__CORE__FERNET_KEY": _fernet_key(),
             "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
+            # Beside the control-plane tier, one api-server worker on SQLite once took 37 s to answer a task's
+            # start; at the default 5 s a worker's five tries ran out and the task failed before it began.
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
             "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",  # there is a triggerer
             "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
