@@ -24,6 +24,7 @@ is imported by the workers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -39,6 +40,7 @@ from airflow_provider_raytpu.workloads.failures import describe_failure
 from airflow_provider_raytpu.workloads.loading import check_importable, load_object
 from airflow_provider_raytpu.workloads.result import EXIT_BAD_INPUT, report_result
 from airflow_provider_raytpu.workloads.run_record import ON_CONFIG_CHANGE, TrainingConfigChangedError, settle_run
+from airflow_provider_raytpu.workloads.slice_reservations import SliceHeadJanitor
 from airflow_provider_raytpu.workloads.steps import (
     combine_step_times,
     read_step_times,
@@ -214,7 +216,8 @@ def run_training(spec: TrainSpec) -> dict[str, Any]:
     try:
         trainer, spec = build_trainer(spec)
         delete_prefix(spec.steps_uri())  # the step times of an earlier attempt
-        result = trainer.fit()
+        with SliceHeadJanitor() if spec.tpu.is_multi_host else contextlib.nullcontext():
+            result = trainer.fit()
     finally:
         if connected:
             import ray
