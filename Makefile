@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256s
 PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
 UV_VERSION := 0.13.8
 
-.PHONY: install demo lint test test-full docs test-unit test-fakeapi test-controlplane test-ray test-ray-training test-ray-rest test-deployment k8s-binaries kuberay-samples kueue bench constraints clean
+.PHONY: install demo lint test test-full docs test-unit test-fakeapi test-controlplane test-ray test-ray-training test-ray-rest test-deployment browser k8s-binaries kuberay-samples kueue bench constraints clean
 
 install: $(STAMP)
 
@@ -87,9 +87,16 @@ test-ray-rest: install
 	$(PYTEST) tests/ray $(addprefix --ignore=,$(RAY_TRAINING)) -q
 
 # A real Airflow deployment: api-server, scheduler, dag-processor and triggerer as separate processes
-# (LocalExecutor on SQLite, a private AIRFLOW_HOME), the local backend, driven only through the REST API.
-test-deployment: install
+# (LocalExecutor on SQLite, a private AIRFLOW_HOME), the local backend, driven through the REST API and,
+# in tests/deployment/test_browser.py, a headless Chromium.
+test-deployment: install browser
 	$(PYTEST) tests/deployment -q
+
+# Debian's Chromium for the browser test (Playwright drives it; it downloads no browser). Needs root once.
+browser:
+	@test -x /usr/bin/chromium || { export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; }; }
 
 # Benchmarks against the existing tools (not part of `make test`); writes docs/benchmarks.md.
 bench: install

@@ -98,6 +98,11 @@ class AirflowApi:
         keys = [entry["key"] for entry in self.call("GET", path)["xcom_entries"]]
         return {key: self.xcom(dag_id, run_id, task_id, key) for key in keys}
 
+    def links(self, dag_id: str, run_id: str, task_id: str) -> dict[str, str | None]:
+        """The task's extra links by name; ``None`` for one the task has not given a URL (yet)."""
+        return self.call("GET", f"{self._run_path(dag_id, run_id)}/taskInstances/{quote(task_id)}/links")[
+            "extra_links"]
+
     def log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> list[str]:
         """The task's log as the UI shows it: one string per record (the message, then any extra fields)."""
         return [_record_text(record) for record in self.log_records(dag_id, run_id, task_id, try_number)]
@@ -134,7 +139,12 @@ class AirflowApi:
         self.call("POST", "/api/v2/connections", json=connection)
 
     def set_variable(self, key: str, value: str) -> None:
-        self.call("POST", "/api/v2/variables", json={"key": key, "value": value})
+        """Create the Variable, or give the one there ``value``."""
+        body = {"key": key, "value": value}
+        if self.client.post("/api/v2/variables", json=body).status_code == 409:
+            self.call("PATCH", f"/api/v2/variables/{quote(key)}", json=body)
+        else:
+            assert self.call("GET", f"/api/v2/variables/{quote(key)}")["value"] == value
 
     def live_jobs(self, job_type: str) -> list[dict[str, Any]]:
         """Running jobs of a type (``TriggererJob``, ``SchedulerJob``) with a recent heartbeat."""
