@@ -30,6 +30,7 @@ import ipaddress
 import re
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -178,6 +179,8 @@ class HostProcessPod:
         self._secrets = secrets
         self._process: subprocess.Popen[bytes] | None = None
         self._stopped = False
+        self._lock = threading.Lock()  # a restart never starts a container after stop() took the pod's processes
+        self.restarts = 0
         container = pod.spec.containers[0]
         self._probe = container.readiness_probe
         self._env = self._environment(container)
@@ -235,6 +238,11 @@ class HostProcessPod:
         self._process = self._spawn(self._pod.spec.containers[0], self._env)
         return True
 
+    @property
+    def main_pid(self) -> int | None:
+        """The pid of the running container's first process (``ray start --block``)."""
+        return self._process.pid if self._process is not None else None
+
     def exited(self) -> int | None:
         return self._process.poll() if self._process is not None else None
 
@@ -270,11 +278,29 @@ class HostProcessPod:
         except OSError:
             return ""
 
+    def restart(self) -> bool:
+        """Start the first container again after it exited, as a kubelet does (restartPolicy Always): what the
+        container left running is stopped first, as its cgroup would be. ``False`` once the pod is being stopped."""
+        with self._lock:
+            if self._stopped:
+                return False
+            self._kill_own_processes(grace=5.0)
+            self._process = self._spawn(self._pod.spec.containers[0], self._env)
+            self.restarts += 1
+            return True
+
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM every process of the pod (its session, its marker, its network namespace), SIGKILL what is left."""
+        with self._lock:
+            self._stopped = True
+            self._kill_own_processes(grace)
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=5)
+
+    def _kill_own_processes(self, grace: float) -> None:
         import psutil
 
-        self._stopped = True
         session = self._process.pid if self._process is not None else None
         processes, _ = cluster_processes(self.uid, session, session_is_ours=True)
         known = {p.pid for p in processes}
@@ -283,6 +309,3 @@ class HostProcessPod:
                 with contextlib.suppress(psutil.Error):
                     processes.append(psutil.Process(pid))
         kill_processes(processes, grace)
-        if self._process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(timeout=5)

@@ -80,6 +80,12 @@ class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
         handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(levelname)s %(message)s"))
         self.log.addHandler(handler)
 
+    def host_pod(self, namespace: str, name: str) -> HostProcessPod | None:
+        """The running processes of pod ``namespace/name``, if this kubelet runs them."""
+        with self._nodes_lock:
+            return next((p for p in self._host_pods.values() if p is not None and p.key == f"{namespace}/{name}"),
+                        None)
+
     def _record(self, action: str, what: str) -> None:
         self.events.append((action, what))
         self.log.info("%s %s", action, what)
@@ -287,21 +293,52 @@ class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
                          name=f"virtual-kubelet-probe-{pod.metadata.name}", daemon=True).start()
 
     def _report_when_ready(self, pod, info: dict[str, Any], host_pod: HostProcessPod) -> None:
+        if not host_pod.run(self._stop):
+            self._never_ready(host_pod)
+            return
+        if host_pod.wait_ready(timeout=300, stopping=self._stop):
+            if not self._patch_status(pod, self._running_status(pod, info, pod_ip=host_pod.pod_ip)):
+                return
+            self._record("running (host processes)", f"{host_pod.key} on {pod.spec.node_name}")
+        elif host_pod.exited() is None:  # stopping, or no probe pass in 300 s
+            self._never_ready(host_pod)
+            return
+        self._keep_running(pod, info, host_pod)
+
+    def _never_ready(self, host_pod: HostProcessPod) -> None:
+        if not self._stop.is_set() and self._host_pods.get(host_pod.uid) is host_pod:
+            self.errors.append(f"{host_pod.key} never became ready (exit {host_pod.exited()}): {host_pod.log_tail()}")
+
+    def _keep_running(self, pod, info: dict[str, Any], host_pod: HostProcessPod) -> None:
+        """restartPolicy Always: a container that exits (e.g. ``ray start`` giving up after its 30 s wait for the
+        GCS on a busy machine) is started again after a kubelet's back-off (10 s, doubling, at most 300 s), and the
+        pod is not ready until its probe passes again."""
+        while not self._stop.wait(1.0) and self._host_pods.get(host_pod.uid) is host_pod:
+            exit_code = host_pod.exited()
+            if exit_code is None:
+                continue
+            if not self._patch_status(pod, self._running_status(pod, info, host_pod.pod_ip, host_pod.restarts + 1,
+                                                                exit_code)):
+                return
+            if self._stop.wait(min(10.0 * 2 ** host_pod.restarts, 300.0)) or not host_pod.restart():
+                return
+            self._record("restarted container", f"{host_pod.key} (exit {exit_code}, restart {host_pod.restarts})")
+            if host_pod.wait_ready(timeout=300, stopping=self._stop) and not self._patch_status(
+                    pod, self._running_status(pod, info, host_pod.pod_ip, host_pod.restarts)):
+                return
+
+    def _patch_status(self, pod, status: dict[str, Any]) -> bool:
+        """Write the pod's status; ``False`` when the pod is gone."""
         from kubernetes.client.rest import ApiException
 
-        if not (host_pod.run(self._stop) and host_pod.wait_ready(timeout=300, stopping=self._stop)):
-            if not self._stop.is_set() and self._host_pods.get(host_pod.uid) is host_pod:
-                self.errors.append(f"{host_pod.key} never became ready (exit {host_pod.exited()}): "
-                                   f"{host_pod.log_tail()}")
-            return
         try:
-            self._client().patch_namespaced_pod_status(
-                pod.metadata.name, pod.metadata.namespace, self._running_status(pod, info, pod_ip=host_pod.pod_ip),
-                _content_type="application/strategic-merge-patch+json")
-            self._record("running (host processes)", f"{host_pod.key} on {pod.spec.node_name}")
+            self._client().patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, status,
+                                                       _content_type="application/strategic-merge-patch+json")
+            return True
         except ApiException as e:
             if e.status != 404:
                 raise
+            return False
 
     def _stop_host_pod(self, uid: str) -> None:
         with self._nodes_lock:

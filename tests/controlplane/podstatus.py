@@ -42,7 +42,10 @@ class PodStatuses:
         net = ipaddress.ip_network(info["cidr"], strict=False)
         return str(net.network_address + (n % (net.num_addresses - 2) or 1))
 
-    def _running_status(self, pod, info: dict[str, Any], pod_ip: str | None = None) -> dict[str, Any]:
+    def _running_status(self, pod, info: dict[str, Any], pod_ip: str | None = None, restarts: int = 0,
+                        exit_code: int | None = None) -> dict[str, Any]:
+        """Running + Ready; with ``exit_code``, Running but not ready: the container exited with it and was
+        started again (its ``restarts``-th time), and its readiness probe has not passed since."""
         now = _now().isoformat().replace("+00:00", "Z")
         pod_ip = pod_ip or pod.status.pod_ip or self._allocate_ip(info)
         cond = lambda t: {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}  # noqa: E731
@@ -58,19 +61,23 @@ class PodStatuses:
         } for c in (pod.spec.init_containers or [])]
         for s in init_statuses:
             s["state"]["terminated"]["containerID"] = s["containerID"]
+        ready = exit_code is None
         statuses = [{
             "name": c.name, "image": c.image, "imageID": f"{c.image}@sha256:{'0' * 64}",
-            "containerID": cid(), "ready": True, "started": True, "restartCount": 0,
+            "containerID": cid(), "ready": ready, "started": True, "restartCount": restarts,
             "state": {"running": {"startedAt": now}},
         } for c in pod.spec.containers]
+        if not ready:
+            statuses[0]["lastState"] = {"terminated": {"exitCode": exit_code, "reason": "Error", "finishedAt": now}}
+        readiness = cond if ready else lambda t: {**cond(t), "status": "False", "reason": "ContainersNotReady"}
         status: dict[str, Any] = {
             "phase": "Running",
             "hostIP": info["ip"], "hostIPs": [{"ip": info["ip"]}],
             "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
             "startTime": now,
             "qosClass": pod.status.qos_class,
-            "conditions": [cond("PodReadyToStartContainers"), cond("Initialized"), cond("Ready"),
-                           cond("ContainersReady")],
+            "conditions": [cond("PodReadyToStartContainers"), cond("Initialized"), readiness("Ready"),
+                           readiness("ContainersReady")],
             "containerStatuses": statuses,
         }
         if init_statuses:
