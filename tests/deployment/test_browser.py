@@ -22,6 +22,8 @@ from tests.deployment.rest import AirflowApi
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
 
+pytestmark = pytest.mark.timeout(1200)
+
 CHROMIUM = Path("/usr/bin/chromium")
 # No sandbox: the tier runs as root. No GPU, no background updates or pings: nothing but the pages under test.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
@@ -162,7 +164,8 @@ def test_each_extra_link_opens_a_page_and_the_task_log_page_reads_cleanly(
     api.set_variable("job_credential", SECRET)
     api.unpause(DAG_ID)
     run_id = api.trigger(DAG_ID, {"accelerator": "v4", "topology": "2x2x1", "release_dir": str(tmp_path)})
-    api.wait("count_job's Ray job link", lambda: api.links(DAG_ID, run_id, "count_job")["Ray job"], 300)
+    # Beside the control-plane tier the cluster took 4 min to be ready and the job was submitted after 5 min.
+    api.wait("count_job's Ray job link", lambda: api.links(DAG_ID, run_id, "count_job")["Ray job"], 600)
 
     expected = {"create_cluster": "Ray dashboard", "wait_ready": "Ray dashboard", "count_job": "Ray job"}
     for task_id, name in expected.items():
@@ -173,7 +176,7 @@ def test_each_extra_link_opens_a_page_and_the_task_log_page_reads_cleanly(
         try:
             response = opened.goto(links[name])
             assert response is not None and response.status == 200, (task_id, links[name])
-            expect(opened).to_have_title(re.compile(r"\| Ray Dashboard$"))
+            expect(opened).to_have_title(re.compile(r"\| Ray Dashboard$"), timeout=30_000)
             if name == "Ray job":  # the dashboard's own page of the task's job
                 job_id = links[name].rsplit("/", 1)[1]
                 opened.get_by_text(job_id).first.wait_for()
