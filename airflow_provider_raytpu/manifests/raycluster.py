@@ -49,6 +49,11 @@ DASHBOARD_PORT = 8265
 SERVE_PORT = 8000
 #: The port KubeRay's v6e multi-host samples open on every TPU host (the TPU runtime's multi-host DCN traffic).
 MXLA_PORT = {"name": "mxla", "containerPort": 8081}
+# Ports of Ray's agents that KubeRay leaves dynamic (it fixes metrics-export-port and dashboard-agent-listen-port,
+# ray-operator/controllers/ray/common/pod.go). For a dynamic one the raylet waits 15 s for the agent's port file,
+# then aborts (NodeManager::WaitForDashboardAgentPorts; Ray issue 65983): an agent slow to start on a busy host
+# failed the pod. Each pod has a network of its own, so fixed ports cost nothing and skip the wait.
+AGENT_PORTS = {"dashboard-agent-grpc-port": "52366", "runtime-env-agent-port": "52367"}
 #: What KubeRay's v6e multi-host samples set on every TPU host (the TPU runtime's control service on its node).
 _HOST_ENV = {var["name"]: var for var in (
     {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
@@ -241,7 +246,8 @@ def build_ray_cluster(
     spec: dict[str, Any] = {
         "enableInTreeAutoscaling": False,
         "headGroupSpec": {
-            "rayStartParams": _str_map({"dashboard-host": "0.0.0.0", **(options.head_ray_start_params or {})}),
+            "rayStartParams": _str_map({"dashboard-host": "0.0.0.0", **AGENT_PORTS,
+                                        **(options.head_ray_start_params or {})}),
             "template": head_template,
         },
         "workerGroupSpecs": [
@@ -251,7 +257,7 @@ def build_ray_cluster(
                 "minReplicas": tpu.num_slices,
                 "maxReplicas": tpu.num_slices,
                 "numOfHosts": tpu.hosts_per_slice,
-                "rayStartParams": _str_map(options.worker_ray_start_params or {}),
+                "rayStartParams": _str_map({**AGENT_PORTS, **(options.worker_ray_start_params or {})}),
                 "template": worker_template,
             }
         ],
@@ -265,10 +271,14 @@ def build_ray_cluster(
 
 def as_released_in_0_1(spec: Mapping[str, Any], tpu: TpuSlice, options: RayClusterOptions) -> dict[str, Any]:
     """``spec`` as release 0.1 rendered it: a TPU host sized 8 CPU / 32Gi unless ``worker_resources`` was given,
-    and no v6e multi-host or multi-slice env or port. A RayCluster that release made has this spec's hash, and a retry
-    after the upgrade adopts it (``raytpu.dev/also-adopts``)."""
+    no fixed agent ports, and no v6e multi-host or multi-slice env or port. A RayCluster that release made has
+    this spec's hash, and a retry after the upgrade adopts it (``raytpu.dev/also-adopts``)."""
     old = copy.deepcopy(dict(spec))
     groups = old.get("workerGroupSpecs") or []
+    start_params = [(old.get("headGroupSpec") or {}, options.head_ray_start_params)]
+    for group, params in start_params + [(group, options.worker_ray_start_params) for group in groups]:
+        for port in AGENT_PORTS.keys() - set(params or {}):
+            (group.get("rayStartParams") or {}).pop(port, None)
     containers = groups[0]["template"]["spec"]["containers"] if groups else []
     for host in (c for c in containers if c.get("name") == "ray-worker"):
         if options.worker_resources is None:

@@ -9,7 +9,12 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_raytpu.manifests.raycluster import EXPIRES_AT_ANNOTATION, format_expiry, parse_expiry
+from airflow_provider_raytpu.manifests.raycluster import (
+    AGENT_PORTS,
+    EXPIRES_AT_ANNOTATION,
+    format_expiry,
+    parse_expiry,
+)
 from tests.support.airflow_runner import run_dag, task_instances
 from tests.support.fake_apiserver.kuberay import KubeRayReactor
 from tests.support.fake_apiserver.server import FakeKubeApiServer
@@ -348,7 +353,7 @@ def test_params_choose_the_cluster_options(airflow_home: Path, connections: None
             == "registry.example/ray:2.61.0-py311-tpu")
     assert stored["spec"]["rayVersion"] == "2.61.0", "the version is read from the rendered image, not the template"
     assert worker["resources"]["limits"] == {"cpu": "40", "memory": "64Gi", "google.com/tpu": "8"}
-    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-cpus": "32"}
+    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", **AGENT_PORTS, "num-cpus": "32"}
     assert stored["metadata"]["labels"]["team"] == "research"
     (run_env,) = worker["env"]
     assert run_env["name"] == "RUN" and run_env["value"].startswith("manual__")

@@ -83,15 +83,15 @@ def test_objects_of_release_0_1_are_adopted() -> None:
 def test_spec_hashes_are_pinned_for_fixed_inputs() -> None:
     two_spot = TpuSlice("v6e", "4x4", num_slices=2, capacity="spot")
     assert spec_hash_of(build_ray_cluster(name="nightly", namespace="ml", tpu=TpuSlice("v6e", "4x4"))) == (
-        "ce4340ebb252614c")
+        "351ef3bcc80ab58f")
     assert spec_hash_of(build_ray_cluster(name="nightly", namespace="ml", tpu=two_spot, options=EVERY_OPTION,
                                           origin=ORIGIN, expires_at=datetime(2026, 12, 2, tzinfo=UTC))) == (
-        "2733841e0cb83e1f")
+        "3258fe37337239bf")
     assert spec_hash_of(build_ray_service(name="chat", namespace="ml", tpu=TpuSlice("v6e", "4x4"),
-                                          applications=[LLM_APP], version="gs://b/ckpt-1")) == "e14b8ef8d652d425"
+                                          applications=[LLM_APP], version="gs://b/ckpt-1")) == "63e4e6bb56e4b6fc"
     assert spec_hash_of(build_ray_service(name="chat", namespace="ml", tpu=two_spot, applications=[LLM_APP],
                                           version="gs://b/ckpt-1", options=EVERY_OPTION, origin=ORIGIN,
-                                          cluster_deletion_delay_seconds=120)) == "7c1f7242b3e9c9f8"
+                                          cluster_deletion_delay_seconds=120)) == "7bd6c6baba320ef0"
 
 
 def test_flat_options_move_into_one_dict_and_other_arguments_stay() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
+from airflow_provider_raytpu.manifests.raycluster import AGENT_PORTS, build_ray_cluster
 from airflow_provider_raytpu.manifests.rayservice import build_ray_service
 from airflow_provider_raytpu.tpu import GENERATIONS, TpuSlice
 
@@ -43,6 +43,8 @@ INTENDED = {
     "tolerations": "google.com/tpu (and gke-spot on spot) tolerated explicitly, not only through GKE's admission",
     "head env": "the v4 samples' Grafana/Prometheus addresses belong to a monitoring setup",
     "head rayStartParams": "dashboard-host 0.0.0.0 (KubeRay's default, made explicit)",
+    "rayStartParams": "fixed ports for the agents KubeRay leaves dynamic (AGENT_PORTS): a raylet aborts when an agent "
+                      "slow to start has not written its port file within 15 s",
     "enableInTreeAutoscaling": "false, explicitly: slices are not autoscaled",
     "application": "a RayService sample's Serve config, runtime_env, volumes, secrets and service account are "
                    "its application's",
@@ -92,7 +94,7 @@ def compare(sample: dict[str, Any], ours: dict[str, Any], tpu: TpuSlice) -> None
     assert o_group["replicas"] == s_group["replicas"]
     assert (o_group["minReplicas"], o_group["maxReplicas"]) == (tpu.num_slices, tpu.num_slices), INTENDED[
         "minReplicas/maxReplicas"]
-    assert o_group["rayStartParams"] == s_group["rayStartParams"] == {}
+    assert s_group["rayStartParams"] == {} and o_group["rayStartParams"] == AGENT_PORTS, INTENDED["rayStartParams"]
     s_pod, o_pod = s_group["template"]["spec"], o_group["template"]["spec"]
     assert o_pod["nodeSelector"] == s_pod["nodeSelector"]
     s_worker, o_worker = container(sample, "worker"), container(ours, "worker")
@@ -118,7 +120,8 @@ def compare(sample: dict[str, Any], ours: dict[str, Any], tpu: TpuSlice) -> None
     assert not set(s_head) - set(shared) - {6379} & set(o_head), INTENDED["head ports not rendered"]
     assert set(s_head) - set(o_head) <= {8888, 8081, 8471}, INTENDED["head ports not rendered"]
     assert ours["enableInTreeAutoscaling"] is False, INTENDED["enableInTreeAutoscaling"]
-    assert ours["headGroupSpec"]["rayStartParams"] == {"dashboard-host": "0.0.0.0"}, INTENDED["head rayStartParams"]
+    assert ours["headGroupSpec"]["rayStartParams"] == {"dashboard-host": "0.0.0.0", **AGENT_PORTS}, INTENDED[
+        "head rayStartParams"]
 
 
 @pytest.mark.parametrize("name", CLUSTERS)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_raytpu.workloads.slice_reservations import SliceHeadJanitor, is_lost_slice_head
+from airflow_provider_raytpu.workloads.slice_reservations import LostHeads, SliceHeadJanitor, is_slice_head
 from tests.ray.workloads.ray_slice import SLICE, EmulatedSlice
 from tests.support.gcs import wait_for
 
@@ -58,14 +58,15 @@ def test_unheld_the_reservation_takes_the_replacement_host_and_the_next_one_time
         reserve_tpu_slice(SLICE.topology, SLICE.ray_accelerator_type, timeout_s=5)
 
 
-def test_the_janitor_removes_it_while_its_host_is_gone_and_the_next_reservation_gets_the_new_host(
+def test_the_janitor_removes_it_once_placed_again_unused_and_the_next_reservation_gets_the_new_host(
         ray_client: EmulatedSlice, orphan: Any) -> None:
     from ray._private.accelerators.tpu import reserve_tpu_slice
     from ray.util.placement_group import remove_placement_group
 
-    with SliceHeadJanitor(interval=0.5) as janitor:
+    with SliceHeadJanitor(interval=0.5, grace=3.0) as janitor:
         assert not wait_for(lambda: janitor.removed, 2), "a placed reservation is left alone"
-        replace_host_0(ray_client, orphan, "REMOVED")
+        replace_host_0(ray_client, orphan, "RESCHEDULING")
+        assert wait_for(lambda: state(orphan) == "REMOVED", 90), state(orphan)
         reservation = reserve_tpu_slice(SLICE.topology, SLICE.ray_accelerator_type, timeout_s=60)
         assert reservation is not None
         slice_name, head = reservation
@@ -74,13 +75,29 @@ def test_the_janitor_removes_it_while_its_host_is_gone_and_the_next_reservation_
     assert janitor.removed == [orphan.id.hex()]
 
 
-@pytest.mark.parametrize(("group", "lost"), [
-    ({"state": "RESCHEDULING", "name": "", "bundles": {0: {"TPU-v4-16-head": 1.0}}}, True),
-    ({"state": "CREATED", "name": "", "bundles": {0: {"TPU-v4-16-head": 1.0}}}, False),
-    ({"state": "PENDING", "name": "", "bundles": {0: {"TPU-v6e-16-head": 1.0}}}, False),
-    ({"state": "RESCHEDULING", "name": "mine", "bundles": {0: {"TPU-v4-16-head": 1.0}}}, False),
-    ({"state": "RESCHEDULING", "name": "", "bundles": {0: {"TPU": 4.0}, 1: {"TPU": 4.0}}}, False),
-    ({"state": "RESCHEDULING", "name": "", "bundles": {0: {"TPU-v4-16-head": 1.0, "CPU": 1.0}}}, False),
+HEAD = {"name": "", "bundles": {0: {"TPU-v4-16-head": 1.0}}}
+
+
+@pytest.mark.parametrize(("group", "head"), [
+    (HEAD, True),
+    ({"name": "", "bundles": {0: {"TPU-v6e-16-head": 1.0}}}, True),
+    ({"name": "mine", "bundles": {0: {"TPU-v4-16-head": 1.0}}}, False),
+    ({"name": "", "bundles": {0: {"TPU": 4.0}, 1: {"TPU": 4.0}}}, False),
+    ({"name": "", "bundles": {0: {"TPU-v4-16-head": 1.0, "CPU": 1.0}}}, False),
 ])
-def test_only_an_unnamed_head_reservation_waiting_for_a_new_host_is_lost(group: dict[str, Any], lost: bool) -> None:
-    assert is_lost_slice_head(group) is lost
+def test_a_slice_head_reservation_is_one_unnamed_bundle_of_a_head_resource(group: dict[str, Any], head: bool) -> None:
+    assert is_slice_head(group) is head
+
+
+def test_a_head_that_lost_its_host_is_leaked_once_held_again_for_the_grace_period_and_never_while_it_waits() -> None:
+    lost = LostHeads(grace=30)
+    at = {"created": {"g": {**HEAD, "state": "CREATED"}}, "waiting": {"g": {**HEAD, "state": "RESCHEDULING"}}}
+    assert lost.leaked(at["created"], 0) == []  # placed, never lost: a reservation in progress
+    assert lost.leaked(at["created"], 100) == []
+    assert lost.leaked(at["waiting"], 101) == []  # its host is gone: its name task may still wait in it
+    assert lost.leaked(at["waiting"], 500) == []
+    assert lost.leaked(at["created"], 501) == []  # placed again: its reservation has the grace period
+    assert lost.leaked(at["created"], 530) == []
+    assert lost.leaked(at["created"], 531) == ["g"]
+    assert lost.leaked(at["created"], 600) == [], "asked for once"
+    assert lost.leaked({}, 601) == []
