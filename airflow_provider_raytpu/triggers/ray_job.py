@@ -212,12 +212,13 @@ class RayJobTrigger(BaseTrigger):
                 unlisted.recovered()
                 if (lasted := unreachable.recovered()) is not None:
                     self.log.info("Ray job %s: %s answers again after %.0f s", self.submission_id, where, lasted)
-                if job.job["status"] not in TERMINAL:
+                entry = job.job  # the next read may fail or miss the job while the log drains
+                if entry["status"] not in TERMINAL:
                     tail.job_running()
                 else:
                     await tail.drain(DRAIN_SECONDS)
                     await self._pass_on(tail.take(), final=True)
-                    return self._event(job.job["status"], job_message(job.job.get("message")))
+                    return self._event(entry["status"], job_message(entry.get("message")))
 
     def _read_failed(self, outage: Outage, what: str, problem: object) -> dict[str, Any] | None:
         """One more failed read of the job's status: the ``ERROR`` event once ``outage`` is over its grace,

@@ -135,6 +135,24 @@ async def test_a_stream_dropped_just_before_the_job_ends_still_delivers_the_end_
     assert jobs.requests[("a", "tail")] == 2, "the rest came from the stream opened again"
 
 
+async def test_the_status_read_at_the_end_stands_while_the_log_drains(
+        jobs: JobsStub, kube: FakeKubeApiServer, capfd: pytest.CaptureFixture[str]) -> None:
+    # Seen under load in the 100-cluster test: the read after the job's end failed while its log drained, and
+    # the trigger took the status from the emptied view: "'NoneType' object is not subscriptable".
+    jobs.add("a", "job-1", log=lines(0, 5))
+    jobs.tail_lag = 2.0
+    task = asyncio.create_task(first_event(trigger("a", "job-1")))
+    await asyncio.to_thread(kube.wait_for, lambda: jobs.open_tails == 1, 10)
+    jobs.finish("a", "job-1", text=lines(5, 8))
+    reads = jobs.requests[("a", "list")]
+    await asyncio.to_thread(kube.wait_for, lambda: jobs.requests[("a", "list")] > reads, 10)
+    jobs.forget("a", "job-1")  # the next reads, while the tail stays open, no longer list it
+    event = await task
+    assert event["status"] == "SUCCEEDED", event
+    assert written(capfd) == [f"line {i}" for i in range(8)]
+    assert jobs.requests[("a", "list")] > reads + 1, "the drain outlasted a read that missed the job"
+
+
 async def test_refused_upgrades_fall_back_to_reading_the_whole_log(jobs: JobsStub, kube: FakeKubeApiServer,
                                                                    capfd: pytest.CaptureFixture[str]) -> None:
     kube.proxy.refuse_upgrades = True

@@ -7,7 +7,7 @@ requests the provider's triggers make: ``GET /api/jobs/`` (every job of the clus
 and the WebSocket ``/api/jobs/{id}/logs/tail``: the log from its start in messages of at most
 10 lines, then each new piece as it is appended, closed once the job has ended and its log is
 drained (Ray's ``file_tail_iterator``). A test drives jobs with :meth:`JobsStub.add`,
-``append``, ``finish`` and cuts every open tail with :meth:`JobsStub.cut_tails`; ``requests``
+``append``, ``finish`` and ``forget``, cuts every open tail with :meth:`JobsStub.cut_tails`; ``requests``
 counts requests per (cluster, route). A cluster given a token in ``tokens`` answers as Ray's token
 authentication does (``ray/_private/authentication/http_token_authentication.py``): 401 without a
 token, 403 with another one, in ``Authorization`` or ``X-Ray-Authorization``.
@@ -46,6 +46,8 @@ class JobsStub(ThreadedApp):
     def __init__(self, tail_sleep: float = 0.05) -> None:
         super().__init__()
         self.tail_sleep = tail_sleep
+        #: Seconds a tail stays open after its job ended and its log was sent (a dashboard slow to close it).
+        self.tail_lag = 0.0
         self.jobs: dict[str, dict[str, StubJob]] = collections.defaultdict(dict)
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self.tokens: dict[str, str] = {}
@@ -75,6 +77,10 @@ class JobsStub(ThreadedApp):
     def finish(self, cluster: str, submission_id: str, status: str = "SUCCEEDED", message: str = "",
                text: str = "") -> None:
         self._call(self._change, cluster, submission_id, text, status, message)
+
+    def forget(self, cluster: str, submission_id: str) -> None:
+        """Drop the job from the cluster's list, as a restarted head does; an open tail stays open."""
+        self._call(self.jobs[cluster].pop, submission_id)
 
     def _change(self, cluster: str, submission_id: str, text: str, status: str | None, message: str) -> None:
         job = self.jobs[cluster][submission_id]
@@ -142,7 +148,7 @@ class JobsStub(ThreadedApp):
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         self._tails.add(ws)
-        sent = 0
+        sent, lagged = 0, False
         try:
             while not ws.closed:
                 if sent < len(job.log):
@@ -158,7 +164,11 @@ class JobsStub(ThreadedApp):
                     await ws.send_str(chunk)
                     continue
                 if job.status in TERMINAL:
-                    break
+                    if lagged or not self.tail_lag:
+                        break
+                    lagged = True
+                    await asyncio.sleep(self.tail_lag)
+                    continue
                 job.changed.clear()
                 try:
                     await asyncio.wait_for(job.changed.wait(), self.tail_sleep)
