@@ -52,11 +52,13 @@ def two_slices(local_backend: LocalBackend, raytpu_home: Path) -> Iterator[str]:
                  json.dumps({"conn_type": "raytpu", "extra": {"backend": "local", "local_home": str(raytpu_home)}}))
     local_backend.apply_cluster(build_ray_cluster(name="multi", namespace="default",
                                                   tpu=TpuSlice("v4", "2x2x2", num_slices=2)))
-    asyncio.run(watch_until(local_backend, "multi", "default", lambda s: s.phase is Phase.READY,
-                            CLUSTER_READY_TIMEOUT))
-    yield "multi"
-    local_backend.delete_cluster("multi", "default")
-    patch.undo()
+    try:  # a cluster that is not ready in time is deleted too: its raylets would slow every later test
+        asyncio.run(watch_until(local_backend, "multi", "default", lambda s: s.phase is Phase.READY,
+                                CLUSTER_READY_TIMEOUT))
+        yield "multi"
+    finally:
+        local_backend.delete_cluster("multi", "default")
+        patch.undo()
 
 
 @pytest.fixture(scope="module")
@@ -170,8 +172,8 @@ def test_an_elastic_range_beyond_the_clusters_slices_fails_before_submitting(
         airflow_home: Path, two_slices: str, raw_rows: str, fake_gcs: GcsStorage, tmp_path: Path,
         capfd: pytest.CaptureFixture[str]) -> None:
     outcome = run_dag(airflow_home, train_dag("multislice_too_many", fake_gcs.uri("ckpt-multi-many"), raw_rows,
-                                              tmp_path, more="num_slices=(1, 3),"), "multislice_too_many")
+                                              tmp_path, more="elastic_slices=(1, 3),"), "multislice_too_many")
     assert (outcome["train"].state, outcome["train"].try_number) == ("failed", 1)
-    assert ("num_slices=(1, 3): asks for up to 3 slices, but RayCluster default/multi has 2. Write "
-            "num_slices=(1, 2)") in capfd.readouterr().out
+    assert ("elastic_slices=(1, 3): asks for up to 3 slices, but RayCluster default/multi has 2. Write "
+            "elastic_slices=(1, 2)") in capfd.readouterr().out
     assert not list(tmp_path.iterdir()), "nothing trained"

@@ -47,10 +47,13 @@ def emulated_cluster(local_backend: LocalBackend, fake_gcs: GcsStorage, raytpu_h
                  json.dumps({"conn_type": "raytpu", "extra": {"backend": "local", "local_home": str(raytpu_home)}}))
     manifest = build_ray_cluster(name="train", namespace="default", tpu=TpuSlice("v6e", "2x4", chips_per_host=4))
     result = local_backend.apply_cluster(manifest)
-    asyncio.run(watch_until(local_backend, "train", "default", lambda s: s.phase is Phase.READY, CLUSTER_READY_TIMEOUT))
-    yield EmulatedCluster("train", "default", manifest, result.action.value)
-    local_backend.delete_cluster("train", "default")
-    patch.undo()
+    try:  # a cluster that is not ready in time is deleted too: its raylets would slow every later test
+        asyncio.run(watch_until(local_backend, "train", "default", lambda s: s.phase is Phase.READY,
+                                CLUSTER_READY_TIMEOUT))
+        yield EmulatedCluster("train", "default", manifest, result.action.value)
+    finally:
+        local_backend.delete_cluster("train", "default")
+        patch.undo()
 
 
 @pytest.fixture(scope="module")
