@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 OBJECT_STORE_BYTES = 150 * 1024 * 1024
 STOP_GRACE_SECONDS = 10.0
 MAX_BACKOFF_SECONDS = 30.0
+#: Hosts starting at once; the next starts when one's raylet is ALIVE. A raylet gives its dashboard agent 15 s
+#: and then aborts (Ray issue 65983): four agents importing together on 2 busy cores missed it, and retried together.
+PARALLEL_STARTS = int(os.environ.get("RAYTPU_LOCAL_PARALLEL_STARTS", str(max(1, (os.cpu_count() or 2) // 2))))
 
 _PRCTL: Any = None
 
@@ -50,6 +54,13 @@ def enable_parent_death_signal() -> None:
 def _set_parent_death_signal() -> None:  # runs in the child between fork and exec
     if _PRCTL is not None:
         _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def hosts_to_start(slice_hosts: list[Node], cluster_hosts: list[Node]) -> list[Node]:
+    """The slice's hosts to start now: those not running, while fewer than :data:`PARALLEL_STARTS` hosts of the
+    cluster are starting (running, their raylet not yet ALIVE)."""
+    starting = sum(1 for n in cluster_hosts if n.proc is not None and not n.ready)
+    return [n for n in slice_hosts if n.proc is None][:max(0, PARALLEL_STARTS - starting)]
 
 
 def backoff(failed_starts: int) -> float:

@@ -55,6 +55,7 @@ from airflow_provider_raytpu.backends.local.nodes import (
     backoff,
     enable_parent_death_signal,
     first_ready,
+    hosts_to_start,
     stop_nodes,
 )
 from airflow_provider_raytpu.backends.local.plan import plan_cluster
@@ -282,11 +283,11 @@ class Supervisor:
         """Start a stopped slice when due; recreate it whole when a host is gone; mark it ready when every
         host is registered and no host of its previous incarnation is left in the GCS."""
         if all(n.proc is None for n in run.nodes):
-            if now >= run.next_start:
-                for node in run.nodes:  # all hosts of a slice in parallel
-                    self.start_node(node)
-                run.status, run.message = "starting", f"starting {plural(len(run.nodes), 'host')}"
-            return
+            if now < run.next_start:
+                return
+            run.status, run.message = "starting", f"starting {plural(len(run.nodes), 'host')}"
+        for node in hosts_to_start(run.nodes, [n for s in self.slices for n in s.nodes]):
+            self.start_node(node)
         if gone := [n for n in run.nodes if n.exited()]:
             self.slice_down(run, f"host {gone[0].spec.worker_id} exited with code {gone[0].exit_code}")
             return
@@ -296,14 +297,15 @@ class Supervisor:
             self.slice_down(run, f"host {lost[0].spec.worker_id}'s raylet is no longer alive in the GCS")
             return
         for node in run.nodes:
-            if not node.ready and node.node_manager_port in alive:
+            if not node.ready and node.proc is not None and node.node_manager_port in alive:
                 node.ready, node.node_id, node.message = True, alive[node.node_manager_port][0], "ready"
         stale = self._drain_previous_hosts(run, alive)
         if not stale and all(n.ready for n in run.nodes):
             if run.status != "ready":
                 log.info("slice %s ready", run.name)
             run.status, run.message, run.became_ready, run.failed_starts = "ready", "ready", True, 0
-        elif now - min(n.started_mono for n in run.nodes) > START_TIMEOUT_SECONDS:
+        elif now - min((n.started_mono for n in run.nodes if n.proc is not None and not n.ready),
+                       default=now) > START_TIMEOUT_SECONDS:
             self.slice_down(run, f"not all hosts were ready within {START_TIMEOUT_SECONDS:.0f} s")
 
     def _drain_previous_hosts(self, run: SliceRun, alive: dict[int, tuple[str, str]]) -> list[str]:
