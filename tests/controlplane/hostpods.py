@@ -215,12 +215,14 @@ class HostProcessPod:
             return subprocess.Popen(self._argv(container), env=env, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=str(self.log_path.parent))
 
-    def run(self, stopping: Any, init_timeout: float = 600.0) -> bool:
+    def run(self, stopping: Any, init_timeout: float = 600.0, start_slot: Callable[[], bool] | None = None) -> bool:
         """Run the init containers to completion, one after the other, then start the first container.
 
         :param stopping: an Event; set, nothing more is started.
         :param init_timeout: seconds all init containers may take together.
-        :return: whether the first container was started.
+        :param start_slot: waits until the first container may start (``False``: it may not); taken only once the
+            init containers are done (a worker's waits for the head, which may be holding a slot).
+        :return: whether the first container was started (with the slot taken, when there is ``start_slot``).
         """
         deadline = time.monotonic() + init_timeout
         for container in self._pod.spec.init_containers or []:
@@ -233,7 +235,7 @@ class HostProcessPod:
                 stopping.wait(0.5)
             if process.returncode != 0:
                 return False  # a kubelet would restart it; KubeRay's wait-gcs-ready never exits non-zero
-        if stopping.is_set() or self._stopped:
+        if stopping.is_set() or self._stopped or (start_slot is not None and not start_slot()):
             return False
         self._process = self._spawn(self._pod.spec.containers[0], self._env)
         return True

@@ -30,6 +30,12 @@ from tests.support.processes import ControlPlaneError
 if TYPE_CHECKING:
     from tests.controlplane.controlplane import ControlPlane
 
+#: Containers starting at once, each until it is ready, has exited, or for START_SLOT_SECONDS. On GKE every TPU host
+#: is a VM of its own; here up to seven hosts share 2 cores with the rest of the suite, and a raylet whose dashboard
+#: agent takes over 15 s to start aborts (Ray issue 65983; both hosts of a recreated slice did, side by side).
+PARALLEL_STARTS = 1
+START_SLOT_SECONDS = 60.0
+
 
 class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
     """Pretends to be the kubelet of every node labelled ``raytpu.test/virtual-kubelet``.
@@ -65,6 +71,7 @@ class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
         self._pods_synced = threading.Event()
         self._watches: set = set()
         self._host_pods: dict[str, HostProcessPod] = {}  # pod uid -> its running containers
+        self._start_slots = threading.Semaphore(PARALLEL_STARTS)
         self._endpoint_slices: dict[str, dict[str, Any]] = {}  # uid -> EndpointSlice (dict), for the DNS
         self.errors: list[str] = []
         # (action, "ns/name"), newest last, for debugging a test.
@@ -293,10 +300,10 @@ class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
                          name=f"virtual-kubelet-probe-{pod.metadata.name}", daemon=True).start()
 
     def _report_when_ready(self, pod, info: dict[str, Any], host_pod: HostProcessPod) -> None:
-        if not host_pod.run(self._stop):
+        if not host_pod.run(self._stop, start_slot=self._take_start_slot):
             self._never_ready(host_pod)
             return
-        if host_pod.wait_ready(timeout=300, stopping=self._stop):
+        if self._wait_ready(host_pod):
             if not self._patch_status(pod, self._running_status(pod, info, pod_ip=host_pod.pod_ip)):
                 return
             self._record("running (host processes)", f"{host_pod.key} on {pod.spec.node_name}")
@@ -320,12 +327,32 @@ class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
             if not self._patch_status(pod, self._running_status(pod, info, host_pod.pod_ip, host_pod.restarts + 1,
                                                                 exit_code)):
                 return
-            if self._stop.wait(min(10.0 * 2 ** host_pod.restarts, 300.0)) or not host_pod.restart():
+            if self._stop.wait(min(10.0 * 2 ** host_pod.restarts, 300.0)) or not self._take_start_slot():
+                return
+            if not host_pod.restart():
+                self._start_slots.release()
                 return
             self._record("restarted container", f"{host_pod.key} (exit {exit_code}, restart {host_pod.restarts})")
-            if host_pod.wait_ready(timeout=300, stopping=self._stop) and not self._patch_status(
+            if self._wait_ready(host_pod) and not self._patch_status(
                     pod, self._running_status(pod, info, host_pod.pod_ip, host_pod.restarts)):
                 return
+
+    def _take_start_slot(self) -> bool:
+        """Wait until a container may start (``False``: the kubelet is stopping); see :data:`PARALLEL_STARTS`."""
+        while not self._stop.is_set():
+            if self._start_slots.acquire(timeout=1.0):
+                return True
+        return False
+
+    def _wait_ready(self, host_pod: HostProcessPod) -> bool:
+        """Probe the started container until ready (at most 300 s); its start slot is given back once it is ready,
+        has exited, or after :data:`START_SLOT_SECONDS`."""
+        try:
+            if host_pod.wait_ready(timeout=START_SLOT_SECONDS, stopping=self._stop):
+                return True
+        finally:
+            self._start_slots.release()
+        return host_pod.wait_ready(timeout=300 - START_SLOT_SECONDS, stopping=self._stop)
 
     def _patch_status(self, pod, status: dict[str, Any]) -> bool:
         """Write the pod's status; ``False`` when the pod is gone."""
