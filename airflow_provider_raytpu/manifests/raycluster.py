@@ -52,7 +52,8 @@ MXLA_PORT = {"name": "mxla", "containerPort": 8081}
 # Ports of Ray's agents that KubeRay leaves dynamic (it fixes metrics-export-port and dashboard-agent-listen-port,
 # ray-operator/controllers/ray/common/pod.go). For a dynamic one the raylet waits 15 s for the agent's port file,
 # then aborts (NodeManager::WaitForDashboardAgentPorts; Ray issue 65983): an agent slow to start on a busy host
-# failed the pod. Each pod has a network of its own, so fixed ports cost nothing and skip the wait.
+# failed the pod. Each pod has a network of its own, so fixed ports cost nothing and skip two of the three waits
+# (Ray 2.60's start_raylet never hands the raylet the agent's HTTP port: it waits for that file regardless).
 AGENT_PORTS = {"dashboard-agent-grpc-port": "52366", "runtime-env-agent-port": "52367"}
 #: What KubeRay's v6e multi-host samples set on every TPU host (the TPU runtime's control service on its node).
 _HOST_ENV = {var["name"]: var for var in (
