@@ -140,6 +140,8 @@ def port_if_free(address: str | None, fallback: int) -> int:
     try:
         port = int(str(address).rsplit(":", 1)[1])
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As Ray's servers bind (aiohttp and gRPC set it): a port whose old connections linger is free.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", port))
         return port
     except (ValueError, IndexError, OSError):

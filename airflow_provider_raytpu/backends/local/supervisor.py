@@ -62,6 +62,7 @@ from airflow_provider_raytpu.backends.local.plan import plan_cluster
 from airflow_provider_raytpu.backends.local.process import (
     CLUSTER_MARKER_ENV,
     free_port,
+    port_if_free,
     ray_process_env,
     read_json,
     utc_now,
@@ -200,9 +201,10 @@ class Supervisor:
                                     f"Log: {self.head.log_path}")
             return
         self.head_next_start = time.monotonic() + backoff(self.head_failed_starts)
-        if self.head_failed_starts:
-            # A port may have been taken meanwhile: try fresh ones.
-            self.gcs_port, self.dashboard_port = free_port(), free_port()
+        if self.head_failed_starts:  # a port taken meanwhile is replaced; a free one is kept, so that the
+            # dashboard links already on the task pages still answer
+            self.gcs_port = port_if_free(f"127.0.0.1:{self.gcs_port}", free_port())
+            self.dashboard_port = port_if_free(f"127.0.0.1:{self.dashboard_port}", free_port())
 
     def slice_down(self, run: SliceRun, why: str) -> None:
         """One host of the slice is gone: stop all its hosts and recreate the whole slice."""
