@@ -185,6 +185,7 @@ class HostProcessPod:
         self._probe = container.readiness_probe
         self._env = self._environment(container)
         self.started = time.monotonic()
+        self._spawned_at = time.time()  # wall time: compared with the mtimes of Ray's port files
 
     def _environment(self, container: Any) -> dict[str, str]:
         # The marker finds every process of this pod at stop(), daemons included.
@@ -209,6 +210,7 @@ class HostProcessPod:
         return self.sandbox.command(argv) if self.sandbox else argv
 
     def _spawn(self, container: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        self._spawned_at = time.time()
         with open(self.log_path, "ab") as log:
             log.write(f"=== container {container.name} (pod IP {self.pod_ip})\n".encode())
             log.flush()
@@ -222,7 +224,8 @@ class HostProcessPod:
         :param init_timeout: seconds all init containers may take together.
         :param start_slot: waits until the first container may start (``False``: it may not); taken only once the
             init containers are done (a worker's waits for the head, which may be holding a slot).
-        :return: whether the first container was started (with the slot taken, when there is ``start_slot``).
+        :return: whether the first container was started (``False`` after ``start_slot`` gave a slot: the pod was
+            stopped meanwhile, and the caller gives the slot back).
         """
         deadline = time.monotonic() + init_timeout
         for container in self._pod.spec.init_containers or []:
@@ -237,8 +240,11 @@ class HostProcessPod:
                 return False  # a kubelet would restart it; KubeRay's wait-gcs-ready never exits non-zero
         if stopping.is_set() or self._stopped or (start_slot is not None and not start_slot()):
             return False
-        self._process = self._spawn(self._pod.spec.containers[0], self._env)
-        return True
+        with self._lock:  # stop() may have come while waiting for the slot
+            if self._stopped:
+                return False
+            self._process = self._spawn(self._pod.spec.containers[0], self._env)
+            return True
 
     @property
     def main_pid(self) -> int | None:
@@ -261,6 +267,13 @@ class HostProcessPod:
                                   capture_output=True, timeout=timeout).returncode == 0
         except subprocess.TimeoutExpired:
             return False
+
+    def agents_started(self) -> bool:
+        """Whether the container's Ray node got past its agents' start since the container started: its dashboard
+        agent wrote its HTTP port file, the last one the raylet waits 15 s for (Ray issue 65983)."""
+        files = [*self._ray_tmp.glob("session_2*/dashboard_agent_listen_port_*"),
+                 *self._ray_tmp.glob("ray/session_2*/dashboard_agent_listen_port_*")]
+        return any(f.stat().st_mtime >= self._spawned_at for f in files if f.exists())
 
     def wait_ready(self, timeout: float, stopping: Any) -> bool:
         """Probe every ``periodSeconds`` (at most 1 s here) until ready, exited, or ``stopping`` is set."""

@@ -3,8 +3,8 @@ look alive (Leases, pod statuses, pod deletion, node loss), and on a host-proces
 the pod's containers (tests/controlplane/hostpods.py), each pod in a network namespace of its own
 (tests/controlplane/podnet.py) whose hosts file is the cluster DNS (tests/controlplane/clusterdns.py).
 
-Its mixins: ``watchloops`` (guarded loops, list-then-watch), ``podstatus`` (the statuses it reports) and
-``leases`` (node Leases)."""
+Its mixins: ``watchloops`` (guarded loops, list-then-watch), ``podstatus`` (the statuses it reports),
+``leases`` (node Leases) and ``startslots`` (containers start one at a time)."""
 
 from __future__ import annotations
 
@@ -24,20 +24,15 @@ from tests.controlplane.leases import NodeLeases
 from tests.controlplane.nodes import LABEL_VIRTUAL, TPU_RESOURCE
 from tests.controlplane.podnet import PodNetwork
 from tests.controlplane.podstatus import PodStatuses
+from tests.controlplane.startslots import StartSlots
 from tests.controlplane.watchloops import WatchLoops
 from tests.support.processes import ControlPlaneError
 
 if TYPE_CHECKING:
     from tests.controlplane.controlplane import ControlPlane
 
-#: Containers starting at once, each until it is ready, has exited, or for START_SLOT_SECONDS. On GKE every TPU host
-#: is a VM of its own; here up to seven hosts share 2 cores with the rest of the suite, and a raylet whose dashboard
-#: agent takes over 15 s to start aborts (Ray issue 65983; both hosts of a recreated slice did, side by side).
-PARALLEL_STARTS = 1
-START_SLOT_SECONDS = 60.0
 
-
-class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
+class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases, StartSlots):
     """Pretends to be the kubelet of every node labelled ``raytpu.test/virtual-kubelet``.
 
     Three daemon threads with their own API clients (four with a pod network):
@@ -64,6 +59,7 @@ class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
         self.cp = cp
         self.network = network
         self._stop = threading.Event()
+        StartSlots.__init__(self)
         self._threads: list[threading.Thread] = []
         self._nodes: dict[str, dict[str, Any]] = {}  # name -> {"ip":..., "cidr":..., "next": int}
         self._nodes_lock = threading.Lock()
@@ -71,7 +67,6 @@ class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
         self._pods_synced = threading.Event()
         self._watches: set = set()
         self._host_pods: dict[str, HostProcessPod] = {}  # pod uid -> its running containers
-        self._start_slots = threading.Semaphore(PARALLEL_STARTS)
         self._endpoint_slices: dict[str, dict[str, Any]] = {}  # uid -> EndpointSlice (dict), for the DNS
         self.errors: list[str] = []
         # (action, "ns/name"), newest last, for debugging a test.
@@ -300,7 +295,7 @@ class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
                          name=f"virtual-kubelet-probe-{pod.metadata.name}", daemon=True).start()
 
     def _report_when_ready(self, pod, info: dict[str, Any], host_pod: HostProcessPod) -> None:
-        if not host_pod.run(self._stop, start_slot=self._take_start_slot):
+        if not self._start_first_container(host_pod):
             self._never_ready(host_pod)
             return
         if self._wait_ready(host_pod):
@@ -330,29 +325,12 @@ class VirtualKubelet(WatchLoops, PodStatuses, NodeLeases):
             if self._stop.wait(min(10.0 * 2 ** host_pod.restarts, 300.0)) or not self._take_start_slot():
                 return
             if not host_pod.restart():
-                self._start_slots.release()
+                self._give_back_start_slot()
                 return
             self._record("restarted container", f"{host_pod.key} (exit {exit_code}, restart {host_pod.restarts})")
             if self._wait_ready(host_pod) and not self._patch_status(
                     pod, self._running_status(pod, info, host_pod.pod_ip, host_pod.restarts)):
                 return
-
-    def _take_start_slot(self) -> bool:
-        """Wait until a container may start (``False``: the kubelet is stopping); see :data:`PARALLEL_STARTS`."""
-        while not self._stop.is_set():
-            if self._start_slots.acquire(timeout=1.0):
-                return True
-        return False
-
-    def _wait_ready(self, host_pod: HostProcessPod) -> bool:
-        """Probe the started container until ready (at most 300 s); its start slot is given back once it is ready,
-        has exited, or after :data:`START_SLOT_SECONDS`."""
-        try:
-            if host_pod.wait_ready(timeout=START_SLOT_SECONDS, stopping=self._stop):
-                return True
-        finally:
-            self._start_slots.release()
-        return host_pod.wait_ready(timeout=300 - START_SLOT_SECONDS, stopping=self._stop)
 
     def _patch_status(self, pod, status: dict[str, Any]) -> bool:
         """Write the pod's status; ``False`` when the pod is gone."""
