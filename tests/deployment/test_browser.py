@@ -165,26 +165,26 @@ def test_each_extra_link_opens_a_page_and_the_task_log_page_reads_cleanly(
     api.unpause(DAG_ID)
     run_id = api.trigger(DAG_ID, {"accelerator": "v4", "topology": "2x2x1", "release_dir": str(tmp_path)})
     # Beside the control-plane tier the cluster took 4 min to be ready and the job was submitted after 5 min.
-    api.wait("count_job's Ray job link", lambda: api.links(DAG_ID, run_id, "count_job")["Ray job"], 600)
-
-    expected = {"create_cluster": "Ray dashboard", "wait_ready": "Ray dashboard", "count_job": "Ray job"}
-    for task_id, name in expected.items():
-        links = offered_links(page, task_page(deployment, run_id, task_id, "/details"), name)
-        assert list(links) == [name], (task_id, links)
-        assert links[name] == api.links(DAG_ID, run_id, task_id)[name]
-        opened = page.context.new_page()
-        try:
-            response = opened.goto(links[name])
-            assert response is not None and response.status == 200, (task_id, links[name])
-            expect(opened).to_have_title(re.compile(r"\| Ray Dashboard$"), timeout=30_000)
-            if name == "Ray job":  # the dashboard's own page of the task's job
-                job_id = links[name].rsplit("/", 1)[1]
-                opened.get_by_text(job_id).first.wait_for()
-        finally:
-            opened.close()
-
-    for task_id in ("count_job", "hold_job"):
-        (tmp_path / task_id).touch()
+    try:
+        api.wait("count_job's Ray job link", lambda: api.links(DAG_ID, run_id, "count_job")["Ray job"], 600)
+        expected = {"create_cluster": "Ray dashboard", "wait_ready": "Ray dashboard", "count_job": "Ray job"}
+        for task_id, name in expected.items():
+            links = offered_links(page, task_page(deployment, run_id, task_id, "/details"), name)
+            assert list(links) == [name], (task_id, links)
+            assert links[name] == api.links(DAG_ID, run_id, task_id)[name]
+            opened = page.context.new_page()
+            try:
+                response = opened.goto(links[name])
+                assert response is not None and response.status == 200, (task_id, links[name])
+                expect(opened).to_have_title(re.compile(r"\| Ray Dashboard$"), timeout=30_000)
+                if name == "Ray job":  # the dashboard's own page of the task's job
+                    job_id = links[name].rsplit("/", 1)[1]
+                    opened.get_by_text(job_id).first.wait_for()
+            finally:
+                opened.close()
+    finally:  # the jobs end either way: a run left waiting would keep its cluster busy for the rest of the tier
+        for task_id in ("count_job", "hold_job"):
+            (tmp_path / task_id).touch()
     assert api.wait_run(DAG_ID, run_id, timeout=300) == "success", api.run_report(DAG_ID, run_id)
 
     page.goto(task_page(deployment, run_id, "count_job"))
