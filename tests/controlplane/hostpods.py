@@ -271,9 +271,12 @@ class HostProcessPod:
     def agents_started(self) -> bool:
         """Whether the container's Ray node got past its agents' start since the container started: its dashboard
         agent wrote its HTTP port file, the last one the raylet waits 15 s for (Ray issue 65983)."""
-        files = [*self._ray_tmp.glob("session_2*/dashboard_agent_listen_port_*"),
-                 *self._ray_tmp.glob("ray/session_2*/dashboard_agent_listen_port_*")]
-        return any(f.stat().st_mtime >= self._spawned_at for f in files if f.exists())
+        for file in [*self._ray_tmp.glob("session_2*/dashboard_agent_listen_port_*"),
+                     *self._ray_tmp.glob("ray/session_2*/dashboard_agent_listen_port_*")]:
+            with contextlib.suppress(OSError):  # removed meanwhile, with a stopped pod's files
+                if file.stat().st_mtime >= self._spawned_at:
+                    return True
+        return False
 
     def wait_ready(self, timeout: float, stopping: Any) -> bool:
         """Probe every ``periodSeconds`` (at most 1 s here) until ready, exited, or ``stopping`` is set."""
