@@ -59,7 +59,7 @@ def _set_parent_death_signal() -> None:  # runs in the child between fork and ex
 def hosts_to_start(slice_hosts: list[Node], cluster_hosts: list[Node]) -> list[Node]:
     """The slice's hosts to start now: those not running, while fewer than :data:`PARALLEL_STARTS` hosts of the
     cluster are starting (running, their raylet not yet ALIVE)."""
-    starting = sum(1 for n in cluster_hosts if n.proc is not None and not n.ready)
+    starting = sum(1 for n in cluster_hosts if n.starting)
     return [n for n in slice_hosts if n.proc is None][:max(0, PARALLEL_STARTS - starting)]
 
 
@@ -84,6 +84,11 @@ class Node:
         self.started_at: str | None = None
         self.started_mono = 0.0
         self.starts = 0
+
+    @property
+    def starting(self) -> bool:
+        """Started, its raylet not yet ALIVE in the GCS."""
+        return self.proc is not None and not self.ready
 
     @property
     def running(self) -> bool:

@@ -253,7 +253,7 @@ class Supervisor:
     def _alive_raylets(self, now: float) -> dict[int, tuple[str, str]] | None:
         """The GCS's ALIVE raylets by node manager port: read while a node is starting, else every
         :data:`READY_CHECK_SECONDS`; ``None`` between reads."""
-        starting = any(not n.ready for s in self.slices for n in s.nodes if n.proc is not None)
+        starting = any(n.starting for s in self.slices for n in s.nodes)
         if self.head.ready and not starting and now - self.last_ready_check < READY_CHECK_SECONDS:
             return None
         self.last_ready_check = now
@@ -306,8 +306,7 @@ class Supervisor:
             if run.status != "ready":
                 log.info("slice %s ready", run.name)
             run.status, run.message, run.became_ready, run.failed_starts = "ready", "ready", True, 0
-        elif now - min((n.started_mono for n in run.nodes if n.proc is not None and not n.ready),
-                       default=now) > START_TIMEOUT_SECONDS:
+        elif now - min((n.started_mono for n in run.nodes if n.starting), default=now) > START_TIMEOUT_SECONDS:
             self.slice_down(run, f"not all hosts were ready within {START_TIMEOUT_SECONDS:.0f} s")
 
     def _drain_previous_hosts(self, run: SliceRun, alive: dict[int, tuple[str, str]]) -> list[str]:
