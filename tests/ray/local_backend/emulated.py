@@ -18,7 +18,9 @@ import psutil
 from airflow_provider_raytpu.backends.local import LocalBackend
 from airflow_provider_raytpu.status import ClusterStatus
 
-CLUSTER_READY_TIMEOUT = 150.0
+# A cluster's hosts start one at a time on two cores (the backend's staggered starts); beside the other Ray
+# tier, CI's one-slice cluster (a head and two hosts) was not READY within 150 s.
+CLUSTER_READY_TIMEOUT = 300.0
 
 TPU_LABELS = {
     "ray.io/tpu-slice-name": "emu-slice-0",
@@ -51,12 +53,16 @@ async def watch_until(
 ) -> list[ClusterStatus]:
     """Every status ``watch_cluster`` yields, up to and including the first that satisfies ``until``."""
     seen: list[ClusterStatus] = []
-    async with asyncio.timeout(timeout):
-        async with contextlib.aclosing(backend.watch_cluster(name, namespace)) as statuses:
-            async for status in statuses:
-                seen.append(status)
-                if until(status):
-                    return seen
+    try:
+        async with asyncio.timeout(timeout):
+            async with contextlib.aclosing(backend.watch_cluster(name, namespace)) as statuses:
+                async for status in statuses:
+                    seen.append(status)
+                    if until(status):
+                        return seen
+    except TimeoutError:
+        last = seen[-1] if seen else None
+        raise AssertionError(f"{namespace}/{name}: not there within {timeout:.0f} s; its last status: {last}") from None
     raise AssertionError(f"watch ended without the awaited status; saw {seen}")
 
 
