@@ -67,9 +67,23 @@ class AirflowApi:
 
     def backfill(self, dag_id: str, from_date: str, to_date: str, max_active_runs: int) -> dict[str, Any]:
         """The Backfill dialog: a run for every logical date from ``from_date`` to ``to_date``, ``max_active_runs``
-        at once."""
-        return self.call("POST", "/api/v2/backfills", json={
-            "dag_id": dag_id, "from_date": from_date, "to_date": to_date, "max_active_runs": max_active_runs})
+        at once.
+
+        Sent again, as a person would, while the API answers 503: on SQLite, a backfill whose runs Airflow could
+        not write while another component held the database is refused ("Database is locked. Backfill creation is
+        not supported on SQLite under concurrent access") and removed so that it can be sent again
+        (``airflow/models/backfill.py``, ``_cleanup_partial_backfill``).
+        """
+        body = {"dag_id": dag_id, "from_date": from_date, "to_date": to_date, "max_active_runs": max_active_runs}
+        deadline = time.monotonic() + 60
+        while True:
+            response = self.client.post("/api/v2/backfills", json=body)
+            if response.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        if response.status_code >= 400:
+            raise AssertionError(f"POST /api/v2/backfills -> {response.status_code}: {response.text}")
+        return response.json()
 
     def runs(self, dag_id: str) -> list[dict[str, Any]]:
         return self.call("GET", f"/api/v2/dags/{quote(dag_id)}/dagRuns", params={"order_by": "run_after"})["dag_runs"]
