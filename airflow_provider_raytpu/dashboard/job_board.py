@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,9 +43,11 @@ class JobView:
         self.error: Exception | None = None
         #: Reads so far.
         self.reads = 0
+        #: When the last read was sent (``time.monotonic()``): what it says is no newer than that.
+        self.read_started = 0.0
 
-    def offer(self, job: dict[str, Any] | None, error: Exception | None) -> None:
-        self.job, self.error = job, error
+    def offer(self, job: dict[str, Any] | None, error: Exception | None, started: float) -> None:
+        self.job, self.error, self.read_started = job, error, started
         self.reads += 1
         self.wake.set()
 
@@ -87,12 +90,13 @@ class JobBoard:
 
     async def _run(self) -> None:
         while self._views:
+            started = time.monotonic()
             try:
                 jobs, error = await self._read(), None
             except Exception as exc:  # each follower counts failures and gives up in its own time
                 jobs, error = {}, exc
             for view in list(self._views):
-                view.offer(jobs.get(view.submission_id), error)
+                view.offer(jobs.get(view.submission_id), error, started)
             await asyncio.sleep(min(view.interval for view in self._views) if self._views else 0)
 
     async def _read(self) -> dict[str, dict[str, Any]]:

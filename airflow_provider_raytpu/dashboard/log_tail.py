@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,7 @@ class LogTail:
         self._buffered = 0
         self._job_ended = asyncio.Event()
         self._ticked = asyncio.Event()
+        self._running_read_at = 0.0
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> LogTail:
@@ -71,8 +73,12 @@ class LogTail:
     async def __aexit__(self, *exc: Any) -> None:
         await self._stop()
 
-    def job_running(self) -> None:
-        """The follower read the job's status and it has not ended (once per tick)."""
+    def job_running(self, read_started: float) -> None:
+        """The follower read the job's status and it has not ended (once per tick).
+
+        :param read_started: when that read was sent (``time.monotonic()``).
+        """
+        self._running_read_at = max(self._running_read_at, read_started)
         self._ticked.set()
 
     def take(self) -> str:
@@ -148,13 +154,23 @@ class LogTail:
             # without a close frame: an API server or head restarting) may leave text unread, so the
             # stream is opened again, once the follower has read the job's status if it is still running.
             if not self._job_ended.is_set():
-                self._ticked.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._ticked.wait(), max(10.0, 3 * self.interval))
+                await self._status_read_after(time.monotonic())
             if closed_by_ray and self._job_ended.is_set():
                 self.wake.set()
                 return
             self.reconnects += 1
+
+    async def _status_read_after(self, closed_at: float) -> None:
+        """Wait until the follower has read the job's status with a read sent after ``closed_at`` (a read sent
+        before the close may answer "running" after it: seen under load), or it ended; at most
+        ``max(10, 3 * interval)`` seconds."""
+        deadline = closed_at + max(10.0, 3 * self.interval)
+        while not self._job_ended.is_set() and self._running_read_at < closed_at:
+            self._ticked.clear()
+            try:
+                await asyncio.wait_for(self._ticked.wait(), deadline - time.monotonic())
+            except TimeoutError:
+                return
 
     async def _stream(self, transport: HttpTransport) -> bool:
         """Pass on the stream's text until it ends; whether it ended with a close frame (aiohttp reports a

@@ -214,7 +214,7 @@ class RayJobTrigger(BaseTrigger):
                     self.log.info("Ray job %s: %s answers again after %.0f s", self.submission_id, where, lasted)
                 entry = job.job  # the next read may fail or miss the job while the log drains
                 if entry["status"] not in TERMINAL:
-                    tail.job_running()
+                    tail.job_running(job.read_started)
                 else:
                     await tail.drain(DRAIN_SECONDS)
                     await self._pass_on(tail.take(), final=True)

@@ -153,6 +153,23 @@ async def test_the_status_read_at_the_end_stands_while_the_log_drains(
     assert jobs.requests[("a", "list")] > reads + 1, "the drain outlasted a read that missed the job"
 
 
+async def test_a_status_read_sent_before_rays_close_does_not_open_the_stream_again(
+        jobs: JobsStub, kube: FakeKubeApiServer, capfd: pytest.CaptureFixture[str]) -> None:
+    # Seen under CI's load: a read of the job list sent while the job still ran answered "running" only after Ray
+    # had closed the drained log's stream, and the tail took it for a close before the job's end.
+    jobs.add("a", "job-1", log=lines(0, 5))
+    task = asyncio.create_task(first_event(trigger("a", "job-1")))
+    await asyncio.to_thread(kube.wait_for, lambda: jobs.open_tails == 1, 10)
+    jobs.list_lag = 1.0
+    reads = jobs.requests[("a", "list")]
+    await asyncio.to_thread(kube.wait_for, lambda: jobs.requests[("a", "list")] > reads, 10)
+    jobs.finish("a", "job-1", text=lines(5, 8))  # the read in flight lists the job running
+    event = await task
+    assert event["status"] == "SUCCEEDED", event
+    assert written(capfd) == [f"line {i}" for i in range(8)]
+    assert jobs.requests[("a", "tail")] == 1, "a stale 'running' opened Ray's closed stream again"
+
+
 async def test_refused_upgrades_fall_back_to_reading_the_whole_log(jobs: JobsStub, kube: FakeKubeApiServer,
                                                                    capfd: pytest.CaptureFixture[str]) -> None:
     kube.proxy.refuse_upgrades = True

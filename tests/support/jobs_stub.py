@@ -48,6 +48,8 @@ class JobsStub(ThreadedApp):
         self.tail_sleep = tail_sleep
         #: Seconds a tail stays open after its job ended and its log was sent (a dashboard slow to close it).
         self.tail_lag = 0.0
+        #: Seconds a job list takes to answer (a loaded dashboard); it lists the jobs as they were when asked.
+        self.list_lag = 0.0
         self.jobs: dict[str, dict[str, StubJob]] = collections.defaultdict(dict)
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self.tokens: dict[str, str] = {}
@@ -124,7 +126,10 @@ class JobsStub(ThreadedApp):
 
     async def _list(self, request: web.Request) -> web.Response:
         self._count(request, "list")
-        return web.json_response([job.details() for job in self.jobs[request.match_info["cluster"]].values()])
+        listed = [job.details() for job in self.jobs[request.match_info["cluster"]].values()]
+        if self.list_lag:
+            await asyncio.sleep(self.list_lag)
+        return web.json_response(listed)
 
     async def _get(self, request: web.Request) -> web.Response:
         self._count(request, "get")
