@@ -110,7 +110,10 @@ class AirflowDeployment:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": "8",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home}/airflow.db",
+            # A component waits up to 60 s for SQLite's write lock, not pysqlite's 5 s (Airflow already journals
+            # ahead, PRAGMA journal_mode=WAL): beside the control-plane tier, the audit-log write of an asset event
+            # POST waited 5 s behind a task's write and failed it (500, database is locked).
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home}/airflow.db?timeout=60",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
