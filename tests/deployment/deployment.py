@@ -27,6 +27,7 @@ import httpx
 from airflow_provider_raytpu.backends.local import LocalBackend
 from airflow_provider_raytpu.backends.local.process import all_processes, kill_processes, tail
 from airflow_provider_raytpu.connection import ConnectionSettings
+from airflow_provider_raytpu.status import Phase
 from tests.deployment.rest import AirflowApi
 from tests.support.processes import Component, free_ports
 
@@ -284,3 +285,17 @@ def local_backend(deployment: AirflowDeployment) -> LocalBackend:
     return LocalBackend(ConnectionSettings.from_extra(
         "raytpu_default", {"backend": "local", "local_home": str(deployment.raytpu_home)}
     ))
+
+
+#: A head and one emulated host, started one at a time beside other tiers' clusters: CI's soak cluster was not READY
+#: within 240 s while two runs of an example started clusters of their own. 360 s leaves the module's first test
+#: 240 s of pytest-timeout's 600.
+CLUSTER_READY_SECONDS = 360.0
+
+
+def wait_cluster_ready(api: AirflowApi, backend: LocalBackend, name: str, what: str) -> None:
+    """Wait until the local cluster ``name`` (namespace ``default``) is READY; a timeout names its last status."""
+    try:
+        api.wait(what, lambda: backend.cluster_status(name, "default").phase is Phase.READY, CLUSTER_READY_SECONDS)
+    except AssertionError as timeout:
+        raise AssertionError(f"{timeout}\n{name}'s last status: {backend.cluster_status(name, 'default')}") from None

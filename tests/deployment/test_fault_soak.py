@@ -19,9 +19,8 @@ import pytest
 
 from airflow_provider_raytpu.backends.local.process import all_processes
 from airflow_provider_raytpu.manifests.raycluster import AirflowOrigin, build_ray_cluster
-from airflow_provider_raytpu.status import Phase
 from airflow_provider_raytpu.tpu import TpuSlice
-from tests.deployment.deployment import AirflowDeployment, local_backend
+from tests.deployment.deployment import AirflowDeployment, local_backend, wait_cluster_ready
 from tests.deployment.rest import AirflowApi
 from tests.deployment.soak import DAG_ID, NAMESPACE, Soak, violations
 from tests.support.fake_apiserver.kuberay import KubeRayReactor
@@ -38,8 +37,7 @@ def soak(deployment: AirflowDeployment, api: AirflowApi) -> Iterator[Soak]:
     backend = local_backend(deployment)
     backend.apply_cluster(build_ray_cluster(name=RAY_CLUSTER, namespace="default", tpu=TpuSlice("v4", "2x2x1")))
     try:
-        api.wait("the soak's Ray cluster ready",
-                 lambda: backend.cluster_status(RAY_CLUSTER, "default").phase is Phase.READY, 240)
+        wait_cluster_ready(api, backend, RAY_CLUSTER, "the soak's Ray cluster ready")
         with FakeKubeApiServer() as kube, KubeRayReactor(kube, delay=0.1, stagger=0.01, tpu_webhook=True):
             dashboard = backend.dashboard(RAY_CLUSTER, "default").url
             kube.register_service_proxy(NAMESPACE, "*", "dashboard", dashboard)

@@ -16,11 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raytpu.manifests.raycluster import build_ray_cluster
-from airflow_provider_raytpu.status import Phase
 from airflow_provider_raytpu.tpu import TpuSlice
 from airflow_provider_raytpu.workloads import outputs, storage
 from tests.deployment.dags.raytpu_overlap import DAG_ID, INPUT, OUTPUT, ROWS
-from tests.deployment.deployment import AirflowDeployment, local_backend
+from tests.deployment.deployment import AirflowDeployment, local_backend, wait_cluster_ready
 from tests.deployment.rest import AirflowApi
 
 CLUSTER = "overlap-ray"
@@ -35,8 +34,7 @@ def runs(deployment: AirflowDeployment, api: AirflowApi) -> Iterator[dict[str, d
     backend = local_backend(deployment)
     backend.apply_cluster(build_ray_cluster(name=CLUSTER, namespace="default", tpu=TpuSlice("v4", "2x2x1")))
     try:
-        api.wait("the overlap soak's Ray cluster ready",
-                 lambda: backend.cluster_status(CLUSTER, "default").phase is Phase.READY, 240)
+        wait_cluster_ready(api, backend, CLUSTER, "the overlap soak's Ray cluster ready")
         api.unpause(DAG_ID)
         api.backfill(DAG_ID, *DATES, max_active_runs=3)
         api.wait("the backfill's three runs", lambda: len(api.runs(DAG_ID)) >= 3, 120)
