@@ -40,7 +40,11 @@ class AirflowApi:
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         """One request; an error status raises with the response body."""
-        response = self.client.request(method, path, **kwargs)
+        return self._answer(method, path, self.client.request(method, path, **kwargs))
+
+    @staticmethod
+    def _answer(method: str, path: str, response: httpx.Response) -> Any:
+        """A response's JSON body; an error status raises with the body."""
         if response.status_code >= 400:
             raise AssertionError(f"{method} {path} -> {response.status_code}: {response.text}")
         return response.json() if response.content else None
@@ -81,9 +85,7 @@ class AirflowApi:
             if response.status_code != 503 or time.monotonic() > deadline:
                 break
             time.sleep(2)
-        if response.status_code >= 400:
-            raise AssertionError(f"POST /api/v2/backfills -> {response.status_code}: {response.text}")
-        return response.json()
+        return self._answer("POST", "/api/v2/backfills", response)
 
     def runs(self, dag_id: str) -> list[dict[str, Any]]:
         return self.call("GET", f"/api/v2/dags/{quote(dag_id)}/dagRuns", params={"order_by": "run_after"})["dag_runs"]
